@@ -1,0 +1,47 @@
+"""cachedb: one SQLite (or PostgreSQL) database for PyTorch Inductor's caches.
+
+>>> from cachedb import CacheDB
+>>> db = CacheDB("inductor.db")            # created and migrated on first open
+>>> with db.read() as repos:
+...     repos.guarded.count("fxgraph")
+"""
+
+from ._errors import (
+    BadInputError,
+    CacheDBError,
+    CorruptPayloadError,
+    CutlassOpListError,
+    DatabaseOpenError,
+    ExportError,
+    MigrationError,
+    NotADatabaseError,
+    NotAnInductorCacheError,
+    PickleScanError,
+    QueryError,
+    SchemaTooNewError,
+    TorchUnavailableError,
+)
+from .db import CacheDB, Repos
+from .fingerprint import Fingerprint
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BadInputError",
+    "CacheDB",
+    "CacheDBError",
+    "CorruptPayloadError",
+    "CutlassOpListError",
+    "DatabaseOpenError",
+    "ExportError",
+    "Fingerprint",
+    "MigrationError",
+    "NotADatabaseError",
+    "NotAnInductorCacheError",
+    "PickleScanError",
+    "QueryError",
+    "Repos",
+    "SchemaTooNewError",
+    "TorchUnavailableError",
+    "__version__",
+]

@@ -1,0 +1,3 @@
+from .cli import main
+
+main(prog_name="cachedb")

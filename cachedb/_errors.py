@@ -1,0 +1,80 @@
+"""The exception hierarchy: every error cachedb raises derives from :class:`CacheDBError`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class CacheDBError(Exception):
+    """Root of every error raised by cachedb."""
+
+
+class DatabaseOpenError(CacheDBError):
+    """The database could not be opened; nothing in it was changed."""
+
+
+class NotADatabaseError(DatabaseOpenError):
+    """The path exists but is not an SQLite database; the file is left untouched."""
+
+    def __init__(self, path: Path, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"{path}: not an SQLite database ({reason}); the file was left untouched")
+
+
+class SchemaTooNewError(DatabaseOpenError):
+    """The database carries a schema revision this version of cachedb does not know."""
+
+    def __init__(self, where: str, db_revision: str, code_head: str) -> None:
+        self.db_revision = db_revision
+        self.code_head = code_head
+        super().__init__(
+            f"{where}: database schema revision {db_revision!r} is newer than this cachedb "
+            f"(latest known revision {code_head!r}); upgrade cachedb to open it"
+        )
+
+
+class MigrationError(CacheDBError):
+    """A schema migration failed; the transaction was rolled back."""
+
+
+class BadInputError(CacheDBError):
+    """An input file could not be read: names the file (or key) and the reason."""
+
+    def __init__(self, where: str | Path, reason: str) -> None:
+        self.where = str(where)
+        self.reason = reason
+        super().__init__(f"{where}: {reason}")
+
+
+class PickleScanError(BadInputError):
+    """A pickle payload is truncated or malformed (found without executing it)."""
+
+
+class CutlassOpListError(BadInputError):
+    """A CUTLASS op list is not the JSON list of serialized ops torch writes."""
+
+
+class NotAnInductorCacheError(CacheDBError):
+    """An import directory holds none of the files an Inductor cache directory holds."""
+
+
+class ExportError(CacheDBError):
+    """The export target cannot be written; nothing was left half-written."""
+
+
+class QueryError(CacheDBError):
+    """A read-only query failed (bad SQL, or an attempt to write)."""
+
+
+class TorchUnavailableError(CacheDBError):
+    """The operation needs torch, which is not importable in this environment."""
+
+
+class CorruptPayloadError(CacheDBError):
+    """A stored payload does not decompress or does not match its checksum; it is never returned."""
+
+    def __init__(self, where: str, reason: str) -> None:
+        self.where = where
+        self.reason = reason
+        super().__init__(f"{where}: corrupt payload ({reason})")

@@ -1,0 +1,146 @@
+"""Packaged Alembic migrations, run programmatically under a file lock.
+
+The migration scripts live in the repository's top-level ``migrations/`` directory and ship in
+the wheel as the package ``cachedb.migrations``; an editable install maps the same package to
+the same directory. There is exactly one head.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from filelock import FileLock, Timeout
+from sqlalchemy import Connection, Engine
+
+from ._engine import WRITE_OPTION, is_sqlite, sqlite_path
+from ._errors import MigrationError, SchemaTooNewError
+
+log = logging.getLogger(__name__)
+
+#: Seconds a process waits for another one's schema upgrade before giving up.
+DEFAULT_UPGRADE_LOCK_TIMEOUT_S = 300.0
+
+
+def migrations_dir() -> Path:
+    """The directory holding ``env.py`` and ``versions/``.
+
+    Found as the package ``cachedb.migrations`` (wheel and editable installs), else as
+    ``migrations/`` beside the ``cachedb`` package (a plain source checkout on ``sys.path``).
+    """
+    spec = importlib.util.find_spec("cachedb.migrations")
+    if spec is not None and spec.submodule_search_locations:
+        for location in spec.submodule_search_locations:
+            if (Path(location) / "env.py").is_file():
+                return Path(location)
+    here = Path(__file__).resolve().parent.parent / "migrations"
+    if (here / "env.py").is_file():
+        return here
+    raise MigrationError("cachedb's migrations are not installed (no cachedb.migrations package)")
+
+
+def alembic_config(connection: Connection | None = None) -> Config:
+    """An Alembic :class:`Config` for the packaged migrations, bound to ``connection``."""
+    cfg = Config()
+    cfg.set_main_option("script_location", str(migrations_dir()))
+    if connection is not None:
+        cfg.attributes["connection"] = connection
+    return cfg
+
+
+def head_revision() -> str:
+    """The single head revision of the packaged migrations."""
+    heads = ScriptDirectory.from_config(alembic_config()).get_heads()
+    if len(heads) != 1:
+        raise MigrationError(f"cachedb's migrations must have one head, found {heads}")
+    return heads[0]
+
+
+def current_revision(connection: Connection) -> str | None:
+    """The revision stamped in the database (``None`` for an empty database)."""
+    return MigrationContext.configure(connection).get_current_revision()
+
+
+def _check_known(where: str, revision: str | None) -> None:
+    if revision is None:
+        return
+    script = ScriptDirectory.from_config(alembic_config())
+    try:
+        known = script.get_revision(revision)
+    except Exception:  # alembic raises several types for unknown ids
+        known = None
+    if known is None:
+        raise SchemaTooNewError(where, revision, head_revision())
+
+
+def upgrade(engine: Engine, *, where: str, lock_timeout_s: float = DEFAULT_UPGRADE_LOCK_TIMEOUT_S) -> bool:
+    """Bring the database to the head revision. Returns True if an upgrade ran.
+
+    Checks first without locking; if work is needed, takes ``<db>.lock`` (SQLite) with
+    filelock, checks again and upgrades in one transaction, so that of many processes opening
+    an old database at once exactly one upgrades and the others wait. On PostgreSQL the lock
+    is a transaction-scoped advisory lock.
+
+    Raises :class:`SchemaTooNewError` for a revision the code does not know and
+    :class:`MigrationError` when the upgrade fails (the transaction is rolled back) or the
+    lock is not obtained within ``lock_timeout_s`` seconds.
+    """
+    head = head_revision()
+    with engine.connect() as conn:
+        rev = current_revision(conn)
+        conn.rollback()
+    _check_known(where, rev)
+    if rev == head:
+        return False
+
+    path = sqlite_path(engine.url)
+    lock = FileLock(str(path) + ".lock", timeout=lock_timeout_s) if path is not None else None
+    try:
+        if lock is not None:
+            lock.acquire()
+    except Timeout as exc:
+        raise MigrationError(
+            f"{where}: another process held the upgrade lock {lock.lock_file} "
+            f"for more than {lock_timeout_s:.0f} s"
+        ) from exc
+    try:
+        with engine.connect().execution_options(**{WRITE_OPTION: True}) as conn:
+            with conn.begin():
+                if conn.dialect.name == "postgresql":
+                    conn.exec_driver_sql("SELECT pg_advisory_xact_lock(7262230111)")
+                rev = current_revision(conn)
+                _check_known(where, rev)
+                if rev == head:
+                    return False
+                log.info("cachedb: upgrading %s from %s to %s", where, rev, head)
+                try:
+                    command.upgrade(alembic_config(conn), "head")
+                except Exception as exc:
+                    raise MigrationError(f"{where}: upgrade from {rev} to {head} failed: {exc}") from exc
+        return True
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def downgrade(engine: Engine, revision: str) -> None:
+    """Downgrade to ``revision`` (``"base"`` drops everything). For tests and rollbacks."""
+    with engine.connect().execution_options(**{WRITE_OPTION: True}) as conn:
+        with conn.begin():
+            command.downgrade(alembic_config(conn), revision)
+
+
+__all__ = [
+    "alembic_config",
+    "current_revision",
+    "downgrade",
+    "head_revision",
+    "is_sqlite",
+    "migrations_dir",
+    "upgrade",
+]

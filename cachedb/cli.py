@@ -1,0 +1,276 @@
+"""The ``cachedb`` command line (also ``python -m cachedb``)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
+from rich.table import Table
+from sqlalchemy import text
+from sqlalchemy.exc import SQLAlchemyError
+
+from . import __version__
+from ._engine import set_read_only
+from ._errors import CacheDBError
+from .db import CacheDB
+
+FORMATS = click.Choice(["table", "json", "csv"])
+err = Console(stderr=True)
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, (bytes, memoryview)):
+        return f"<{len(bytes(value))} bytes>"
+    return str(value)
+
+
+def emit(rows: Sequence[dict[str, Any]], columns: Sequence[str], fmt: str) -> None:
+    """Print ``rows`` as a rich table, a JSON array or CSV (with a header)."""
+    if fmt == "json":
+        click.echo(json.dumps([dict(r) for r in rows], indent=2, default=_json_default))
+    elif fmt == "csv":
+        buf = io.StringIO()
+        writer = csv.DictWriter(buf, fieldnames=list(columns), lineterminator="\n")
+        writer.writeheader()
+        for r in rows:
+            writer.writerow({k: _json_default(v) if isinstance(v, (bytes, memoryview)) else v for k, v in r.items()})
+        click.echo(buf.getvalue(), nl=False)
+    else:
+        table = Table(*columns)
+        for r in rows:
+            table.add_row(*("" if r[c] is None else _json_default(r[c]) if not isinstance(r[c], (int, float, str)) else str(r[c]) for c in columns))
+        Console(width=max(120, Console().width)).print(table)
+
+
+class _Context:
+    def __init__(self, location: str | None) -> None:
+        self.location = location
+
+    def open(self) -> CacheDB:
+        return CacheDB(self.location)
+
+
+pass_ctx = click.make_pass_decorator(_Context)
+
+
+class _Group(click.Group):
+    """Turns cachedb's own errors into one clear line and exit status 1."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except CacheDBError as exc:
+            err.print(f"[bold red]error:[/] {exc}", highlight=False, markup=True)
+            sys.exit(1)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--db",
+    "location",
+    metavar="PATH|URL",
+    help="SQLite file or SQLAlchemy URL. Default: $CACHEDB_URL, $CACHEDB_PATH, else "
+    "~/.cache/cachedb/cachedb.db.",
+)
+@click.version_option(__version__, prog_name="cachedb")
+@click.pass_context
+def main(ctx: click.Context, location: str | None) -> None:
+    """cachedb: PyTorch Inductor's caches in one SQLite (or PostgreSQL) database.
+
+    \b
+    Example:
+      cachedb --db inductor.db import /tmp/torchinductor_$USER
+      cachedb --db inductor.db stats
+    """
+    ctx.obj = _Context(location)
+
+
+@main.command()
+@pass_ctx
+def init(obj: _Context) -> None:
+    """Create the database (or upgrade it) and print where it is.
+
+    \b
+    Example:
+      cachedb --db inductor.db init
+    """
+    with obj.open() as db:
+        click.echo(f"{db.where}: schema revision {db.revision()}")
+
+
+@main.command("import")
+@click.argument("cache_dir", type=click.Path(file_okay=False, path_type=str))
+@click.option(
+    "--this-machine",
+    is_flag=True,
+    help="Attribute the entries to this machine and torch (the directory was written here, "
+    "by the installed torch). Needs torch.",
+)
+@pass_ctx
+def import_(obj: _Context, cache_dir: str, this_machine: bool) -> None:
+    """Import an Inductor cache directory (TORCHINDUCTOR_CACHE_DIR).
+
+    Reads fxgraph/, aotautograd/, cache/<system hash>, every *.best_config and
+    configs_*.json. Pickles are never executed. Bad files are listed and skipped;
+    re-importing is idempotent.
+
+    \b
+    Example:
+      cachedb --db inductor.db import /tmp/torchinductor_$USER
+    """
+    from .importer import Importer
+
+    fingerprint = None
+    if this_machine:
+        from .fingerprint import current
+
+        fingerprint = current()
+    with obj.open() as db:
+        with Progress(
+            "[progress.description]{task.description}",
+            BarColumn(),
+            DownloadColumn(),
+            TimeRemainingColumn(),
+            console=err,
+            transient=True,
+            disable=not err.is_terminal,
+        ) as bar:
+            task = bar.add_task(f"importing {cache_dir}", total=None)
+
+            def progress(done: int, total: int) -> None:
+                bar.update(task, completed=done, total=total)
+
+            report = Importer(db, fingerprint=fingerprint).run(cache_dir, progress=progress)
+    kinds = sorted(set(report.added) | set(report.unchanged))
+    emit(
+        [{"kind": k, "added": report.added[k], "unchanged": report.unchanged[k]} for k in kinds],
+        ("kind", "added", "unchanged"),
+        "table",
+    )
+    click.echo(f"{report.bytes_read} bytes read; {report.ignored_files} files not cachedb's (kernels, locks, ...)")
+    for p in report.notes:
+        err.print(f"note: {p.path}: {p.reason}", highlight=False, markup=False)
+    for p in report.problems:
+        err.print(f"skipped: {p.path}: {p.reason}", highlight=False, markup=False)
+    if report.problems:
+        err.print(f"{len(report.problems)} file(s) skipped", highlight=False)
+
+
+@main.command("export")
+@click.argument("target_dir", type=click.Path(file_okay=False, path_type=str))
+@pass_ctx
+def export(obj: _Context, target_dir: str) -> None:
+    """Write the database back as an Inductor cache directory (atomic per file).
+
+    Point TORCHINDUCTOR_CACHE_DIR at the result and torch.compile finds its entries.
+
+    \b
+    Example:
+      cachedb --db inductor.db export /tmp/warm-cache
+      TORCHINDUCTOR_CACHE_DIR=/tmp/warm-cache python train.py
+    """
+    from .exporter import export_cache_dir
+
+    with obj.open() as db:
+        report = export_cache_dir(db, target_dir)
+    kinds = sorted(set(report.written) | set(report.unchanged))
+    emit(
+        [{"kind": k, "written": report.written[k], "unchanged": report.unchanged[k]} for k in kinds],
+        ("kind", "written", "unchanged"),
+        "table",
+    )
+    click.echo(f"{report.bytes_written} bytes written to {target_dir}")
+
+
+@main.command()
+@click.option("--format", "fmt", type=FORMATS, default="table", show_default=True)
+@pass_ctx
+def stats(obj: _Context, fmt: str) -> None:
+    """Entries and bytes per kind and system fingerprint.
+
+    \b
+    Example:
+      cachedb --db inductor.db stats --format json
+    """
+    from .stats import COLUMNS, collect
+
+    with obj.open() as db, db.read() as repos:
+        rows = collect(repos.session)
+    emit(rows, COLUMNS, fmt)
+
+
+@main.command()
+@click.argument("sql")
+@click.option("--format", "fmt", type=FORMATS, default="table", show_default=True)
+@pass_ctx
+def query(obj: _Context, sql: str, fmt: str) -> None:
+    """Run one read-only SQL statement (writes are refused by the database).
+
+    Tables: guarded_entries, autotune_timings, local_cache_values, best_configs,
+    cutlass_op_lists, cutlass_ops, system_fingerprints; views: autotune_current,
+    autotune_winners, autotune_history.
+
+    \b
+    Example:
+      cachedb --db inductor.db query "SELECT op, choice_hash, timing_ms FROM autotune_winners" --format csv
+    """
+    from ._errors import QueryError
+
+    with obj.open() as db:
+        with db.engine.connect() as conn:
+            with conn.begin() as txn:
+                set_read_only(conn)
+                try:
+                    result = conn.execute(text(sql))
+                    columns = list(result.keys()) if result.returns_rows else []
+                    rows = [dict(zip(columns, r)) for r in result] if result.returns_rows else []
+                except SQLAlchemyError as exc:
+                    raise QueryError(f"query failed: {getattr(exc, 'orig', None) or exc}") from exc
+                finally:
+                    txn.rollback()
+    emit(rows, columns, fmt)
+
+
+@main.command()
+@pass_ctx
+def upgrade(obj: _Context) -> None:
+    """Apply pending schema migrations (under a file lock).
+
+    \b
+    Example:
+      cachedb --db inductor.db upgrade
+    """
+    with obj.open() as db:
+        click.echo(f"{db.where}: schema revision {db.revision()}")
+
+
+@main.command()
+@click.option("--format", "fmt", type=FORMATS, default="table", show_default=True)
+@pass_ctx
+def verify(obj: _Context, fmt: str) -> None:
+    """Check database integrity and every payload's checksum. Exit status 1 on problems.
+
+    \b
+    Example:
+      cachedb --db inductor.db verify
+    """
+    from .verify import verify as run_verify
+
+    with obj.open() as db:
+        problems, checked = run_verify(db)
+    if problems:
+        emit(problems, ("what", "where", "problem"), fmt)
+        err.print(f"{len(problems)} problem(s) in {checked} payloads", highlight=False)
+        sys.exit(1)
+    click.echo(f"ok: integrity check passed, {checked} payloads verified")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,151 @@
+"""The :class:`CacheDB` facade: opens the database, migrates it, owns the transactions."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from sqlalchemy import Engine, inspect
+from sqlalchemy.engine import URL
+from sqlalchemy.exc import DatabaseError, OperationalError
+from sqlalchemy.orm import Session
+
+from . import _migrate
+from ._engine import WRITE_OPTION, create_cachedb_engine, default_location, sqlite_path, to_url
+from ._errors import DatabaseOpenError, NotADatabaseError
+from .repositories import (
+    AutotuneTimingRepository,
+    BestConfigRepository,
+    CutlassOpListRepository,
+    FingerprintRepository,
+    GuardedEntryRepository,
+    LocalCacheValueRepository,
+)
+
+
+@dataclass(frozen=True)
+class Repos:
+    """The repositories of one transaction, all on the same :class:`Session`."""
+
+    session: Session
+
+    @property
+    def fingerprints(self) -> FingerprintRepository:
+        return FingerprintRepository(self.session)
+
+    @property
+    def guarded(self) -> GuardedEntryRepository:
+        return GuardedEntryRepository(self.session)
+
+    @property
+    def timings(self) -> AutotuneTimingRepository:
+        return AutotuneTimingRepository(self.session)
+
+    @property
+    def local_values(self) -> LocalCacheValueRepository:
+        return LocalCacheValueRepository(self.session)
+
+    @property
+    def best_configs(self) -> BestConfigRepository:
+        return BestConfigRepository(self.session)
+
+    @property
+    def cutlass(self) -> CutlassOpListRepository:
+        return CutlassOpListRepository(self.session)
+
+
+class CacheDB:
+    """One cachedb database: an SQLite file (default) or any SQLAlchemy URL.
+
+    ``CacheDB(location)`` opens ``location`` (a file path or a URL such as
+    ``postgresql+psycopg://127.0.0.1/test``; ``None`` = :func:`default_location`), creates it
+    if absent, and upgrades its schema to the code's head revision under a file lock.
+
+    Raises:
+        NotADatabaseError: the path holds a file that is not SQLite (left untouched).
+        SchemaTooNewError: the database has a revision newer than this code knows.
+        DatabaseOpenError: the database cannot be opened or read.
+        MigrationError: the upgrade failed (rolled back) or its lock timed out.
+    """
+
+    def __init__(
+        self,
+        location: str | os.PathLike[str] | URL | None = None,
+        *,
+        upgrade: bool = True,
+        busy_timeout_s: float = 30.0,
+    ) -> None:
+        self.url = to_url(location if location is not None else default_location())
+        self.path: Path | None = sqlite_path(self.url)
+        self.where = str(self.path) if self.path is not None else self.url.render_as_string(hide_password=True)
+        self.engine: Engine = create_cachedb_engine(self.url, busy_timeout_s=busy_timeout_s)
+        try:
+            if upgrade:
+                _migrate.upgrade(self.engine, where=self.where)
+            else:
+                self.check_schema()
+        except (OperationalError, DatabaseError) as exc:
+            self.engine.dispose()
+            if self.path is not None and "file is not a database" in str(exc):
+                raise NotADatabaseError(self.path, "SQLite refused it: file is not a database") from exc
+            raise DatabaseOpenError(f"{self.where}: cannot open: {exc.orig or exc}") from exc
+        except BaseException:
+            self.engine.dispose()
+            raise
+
+    # -- schema ---------------------------------------------------------------------------
+
+    def revision(self) -> str | None:
+        """The schema revision stamped in the database (``None``: empty database)."""
+        with self.engine.connect() as conn:
+            return _migrate.current_revision(conn)
+
+    def check_schema(self) -> None:
+        """Raise :class:`~cachedb.SchemaTooNewError` if the database is ahead of the code."""
+        _migrate._check_known(self.where, self.revision())
+
+    def upgrade(self) -> bool:
+        """Apply pending migrations (under the file lock). Returns True if any ran."""
+        return _migrate.upgrade(self.engine, where=self.where)
+
+    def table_names(self) -> list[str]:
+        return sorted(inspect(self.engine).get_table_names())
+
+    # -- transactions ---------------------------------------------------------------------
+
+    @contextmanager
+    def transaction(self) -> Iterator[Repos]:
+        """A write transaction: commits on success, rolls back on any exception.
+
+        On SQLite it starts with ``BEGIN IMMEDIATE``: writers queue for up to the busy
+        timeout rather than failing later on a lock upgrade.
+        """
+        with self.engine.connect().execution_options(**{WRITE_OPTION: True}) as conn:
+            with Session(bind=conn, expire_on_commit=False, autoflush=True) as session:
+                with conn.begin():
+                    yield Repos(session)
+                    session.flush()
+
+    @contextmanager
+    def read(self) -> Iterator[Repos]:
+        """A read-only transaction: one consistent snapshot; always rolled back."""
+        with self.engine.connect() as conn:
+            with Session(bind=conn) as session:
+                with conn.begin() as txn:
+                    yield Repos(session)
+                    txn.rollback()
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def __enter__(self) -> CacheDB:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"CacheDB({self.where!r})"

@@ -1,0 +1,107 @@
+"""Export a :class:`CacheDB` back to the directory layout Inductor reads.
+
+Every file is written atomically (a dot-prefixed temporary in the same directory, then
+``os.replace``), so a reader never sees half a file and an interrupted export leaves only
+whole files (plus dot-temporaries that Inductor skips). The bytes written are exactly the bytes
+imported: pickles and op lists are stored verbatim, best configs as their JSON text, and
+``cache/<system hash>`` documents are rebuilt in their original key order.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import _local_cache_doc as doc
+from ._errors import ExportError
+from .db import CacheDB
+
+
+@dataclass
+class ExportReport:
+    """Files written (``written[kind]``) and already present with the same bytes."""
+
+    written: Counter[str] = field(default_factory=Counter)
+    unchanged: Counter[str] = field(default_factory=Counter)
+    bytes_written: int = 0
+
+
+def _write_atomic(path: Path, data: bytes) -> bool:
+    """Write ``data`` to ``path`` via a temporary and rename. False if already identical."""
+    try:
+        if path.is_file() and path.stat().st_size == len(data) and path.read_bytes() == data:
+            return False
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    except OSError as exc:
+        raise ExportError(f"{path}: cannot write: {exc.strerror or exc}") from exc
+    return True
+
+
+def _check_target(target: Path) -> None:
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ExportError(f"{target}: cannot create the export directory: {exc.strerror or exc}") from exc
+    if not target.is_dir():
+        raise ExportError(f"{target}: not a directory")
+    if not os.access(target, os.W_OK | os.X_OK):
+        raise ExportError(f"{target}: the export directory is not writable")
+
+
+def export_cache_dir(db: CacheDB, target: str | os.PathLike[str]) -> ExportReport:
+    """Write every stored entry under ``target`` in Inductor's layout.
+
+    Raises :class:`~cachedb.ExportError` naming the path when ``target`` (or a file in it)
+    cannot be written; files written before the error are whole.
+    """
+    root = Path(target)
+    _check_target(root)
+    report = ExportReport()
+
+    resolved_root = root.resolve()
+
+    def put(kind: str, rel: str, data: bytes) -> None:
+        path = root / rel
+        if rel.startswith("/") or not path.resolve().is_relative_to(resolved_root):
+            raise ExportError(f"{rel}: stored key would be written outside {root}; refused")
+        if _write_atomic(path, data):
+            report.written[kind] += 1
+            report.bytes_written += len(data)
+        else:
+            report.unchanged[kind] += 1
+
+    with db.read() as repos:
+        for entry in repos.guarded.iter_all():
+            if entry.kind == "fxgraph":
+                rel = f"fxgraph/{entry.key[1:3]}/{entry.key}/{entry.variant}"
+            else:
+                rel = f"aotautograd/{entry.key}/{entry.variant}"
+            put(entry.kind, rel, entry.payload)
+
+        for system_hash, system_json in repos.fingerprints.system_hashes().items():
+            fp_ids = repos.fingerprints.ids_for_system_hash(system_hash)
+            cache = doc.build_cache(
+                repos.timings.current_leaves(fp_ids), repos.local_values.current_leaves(fp_ids)
+            )
+            if cache:
+                text = doc.render(json.loads(system_json), cache)
+                put("local_cache", f"cache/{system_hash}", text.encode("utf-8"))
+
+        for key, content in repos.best_configs.iter_all():
+            put("best_config", key, content.encode("utf-8"))
+
+        for request_key, data in repos.cutlass.iter_all():
+            put("cutlass_op_list", f"configs_{request_key}.json", data)
+    return report

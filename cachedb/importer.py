@@ -1,0 +1,255 @@
+"""Import an Inductor cache directory (as torch 2.9–2.13 write it) into a :class:`CacheDB`.
+
+What is read, relative to the cache directory (``cache_dir()``, torch/_inductor/runtime/
+cache_dir_utils.py):
+
+- ``fxgraph/<key[1:3]>/<key>/<variant>`` and ``aotautograd/<key>/<variant>``: guarded entries.
+  The pickles are never executed: ``guards_expr`` and the compile time are read from the opcode
+  stream (:mod:`cachedb._pickle_scan`).
+- ``cache/<system hash>``: autotune timings and LocalCache values.
+- every ``*.best_config``: autotune best configs, keyed by their relative path.
+- ``configs_<request key>.json``: CUTLASS op lists.
+
+Everything else (generated kernels, ``.so`` files, locks, Triton's cache) is not cachedb's and
+is counted as ignored. A bad file is reported with its path and reason and skipped; the rest
+imports. Re-importing is idempotent.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import _local_cache_doc as doc
+from ._errors import BadInputError, CacheDBError, NotAnInductorCacheError
+from ._pickle_scan import read_entry_fields
+from .cutlass_ops import infer_arch, parse_op_list
+from .db import CacheDB, Repos
+from .fingerprint import Fingerprint
+from .keys import sha256_hash
+from .repositories.timings import next_position
+
+#: Kinds of files, as counted in reports.
+KINDS = ("fxgraph", "aotautograd", "autotune_timings", "local_cache_values", "best_config", "cutlass_op_list")
+
+_SYSTEM_HASH = re.compile(r"[0-9a-f]{64}")
+_CUTLASS_FILE = re.compile(r"configs_([0-9a-zA-Z]+)\.json")
+#: Files written per transaction: bounds memory and lock time on large imports.
+_BATCH_FILES = 256
+_BATCH_BYTES = 256 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """A file that was not imported: its path and why."""
+
+    path: str
+    reason: str
+
+
+@dataclass
+class ImportReport:
+    """What an import did. ``added[kind]`` counts new rows (entries, timings, values, …),
+    ``unchanged[kind]`` files or leaves that were already stored."""
+
+    added: Counter[str] = field(default_factory=Counter)
+    unchanged: Counter[str] = field(default_factory=Counter)
+    problems: list[Problem] = field(default_factory=list)
+    notes: list[Problem] = field(default_factory=list)
+    ignored_files: int = 0
+    bytes_read: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class _Item:
+    kind: str  # "fxgraph" | "aotautograd" | "cache" | "best_config" | "cutlass"
+    path: Path
+    rel: str
+    size: int
+
+
+def _walk(root: Path) -> Iterator[tuple[Path, str]]:
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        for name in sorted(filenames):
+            full = Path(dirpath, name)
+            yield full, full.relative_to(root).as_posix()
+
+
+def scan(cache_dir: Path) -> tuple[list[_Item], list[Problem], int]:
+    """Classify every file under ``cache_dir``: ``(items, problems, ignored count)``.
+
+    Raises :class:`~cachedb.NotAnInductorCacheError` if ``cache_dir`` is not a directory or
+    holds none of the files an Inductor cache holds.
+    """
+    if not cache_dir.is_dir():
+        raise NotAnInductorCacheError(f"{cache_dir}: not a directory")
+    items: list[_Item] = []
+    problems: list[Problem] = []
+    ignored = 0
+    looks_like_cache = False
+    for path, rel in _walk(cache_dir):
+        parts = rel.split("/")
+        name = parts[-1]
+        if parts[0] in ("fxgraph", "aotautograd", "cache"):
+            looks_like_cache = True
+        if name.startswith("."):  # write_atomic temporaries; Inductor skips them too
+            ignored += 1
+            continue
+        try:
+            size = path.stat().st_size
+        except OSError as exc:
+            problems.append(Problem(rel, f"cannot stat: {exc}"))
+            continue
+        top = parts[0]
+        if top == "fxgraph":
+            if len(parts) == 4 and parts[2].startswith("f") and parts[2][1:3] == parts[1]:
+                items.append(_Item("fxgraph", path, rel, size))
+            else:
+                problems.append(Problem(rel, "unexpected name: expected fxgraph/<key[1:3]>/<key>/<variant>"))
+        elif top == "aotautograd":
+            if len(parts) == 3 and parts[1].startswith("a"):
+                items.append(_Item("aotautograd", path, rel, size))
+            else:
+                problems.append(Problem(rel, "unexpected name: expected aotautograd/<key>/<variant>"))
+        elif top == "cache" and len(parts) == 2:
+            if _SYSTEM_HASH.fullmatch(name):
+                items.append(_Item("cache", path, rel, size))
+            else:
+                problems.append(Problem(rel, "unexpected name: expected cache/<64-hex system hash>"))
+        elif name.endswith(".best_config"):
+            looks_like_cache = True
+            items.append(_Item("best_config", path, rel, size))
+        elif len(parts) == 1 and _CUTLASS_FILE.fullmatch(name):
+            looks_like_cache = True
+            items.append(_Item("cutlass", path, rel, size))
+        else:
+            ignored += 1
+    if not looks_like_cache:
+        raise NotAnInductorCacheError(
+            f"{cache_dir}: not an Inductor cache directory (no fxgraph/, aotautograd/, cache/, "
+            "*.best_config or configs_*.json)"
+        )
+    return items, problems, ignored
+
+
+class Importer:
+    """Imports cache directories into ``db``.
+
+    ``fingerprint``, when given, is attributed to every imported entry (e.g. the current
+    process's, :func:`cachedb.fingerprint.current`, for a directory written on this machine
+    by this torch); by default guarded entries and best configs carry none, and timings carry
+    the system description found in their own file.
+    """
+
+    def __init__(self, db: CacheDB, *, fingerprint: Fingerprint | None = None) -> None:
+        self.db = db
+        self.fingerprint = fingerprint
+
+    def run(
+        self, cache_dir: str | os.PathLike[str], *, progress: Callable[[int, int], None] | None = None
+    ) -> ImportReport:
+        """Import ``cache_dir``. ``progress(done_bytes, total_bytes)`` is called after each file."""
+        root = Path(cache_dir)
+        items, problems, ignored = scan(root)
+        report = ImportReport(problems=problems, ignored_files=ignored)
+        total = sum(i.size for i in items)
+        done = 0
+        batch: list[_Item] = []
+        batch_bytes = 0
+        for item in items:
+            batch.append(item)
+            batch_bytes += item.size
+            if len(batch) >= _BATCH_FILES or batch_bytes >= _BATCH_BYTES or item.kind == "cutlass":
+                done += self._import_batch(batch, report)
+                batch, batch_bytes = [], 0
+                if progress:
+                    progress(done, total)
+        if batch:
+            done += self._import_batch(batch, report)
+            if progress:
+                progress(done, total)
+        return report
+
+    def _import_batch(self, batch: list[_Item], report: ImportReport) -> int:
+        with self.db.transaction() as repos:
+            fp_id = repos.fingerprints.ensure(self.fingerprint) if self.fingerprint else None
+            for item in batch:
+                try:
+                    data = item.path.read_bytes()
+                except OSError as exc:
+                    report.problems.append(Problem(item.rel, f"cannot read: {exc}"))
+                    continue
+                report.bytes_read += len(data)
+                try:
+                    with repos.session.begin_nested():
+                        self._import_one(repos, item, data, fp_id, report)
+                except CacheDBError as exc:
+                    reason = exc.reason if isinstance(exc, BadInputError) else str(exc)
+                    report.problems.append(Problem(item.rel, reason))
+        return sum(i.size for i in batch)
+
+    def _import_one(
+        self, repos: Repos, item: _Item, data: bytes, fp_id: int | None, report: ImportReport
+    ) -> None:
+        if item.kind in ("fxgraph", "aotautograd"):
+            parts = item.rel.split("/")
+            key, variant = parts[-2], parts[-1]
+            if sha256_hash(data) != variant:
+                raise BadInputError(item.rel, "file name is not sha256_hash of its bytes (renamed or corrupted)")
+            fields = read_entry_fields(data, where=item.rel)
+            _, added = repos.guarded.put(
+                item.kind,
+                key,
+                data,
+                guards_expr=fields.guards_expr,
+                guards_known=fields.guards_known,
+                guards_note=fields.reason,
+                time_taken_ns=fields.time_taken_ns,
+                fingerprint_id=fp_id,
+            )
+            (report.added if added else report.unchanged)[item.kind] += 1
+        elif item.kind == "cache":
+            self._import_local_cache(repos, item, data, report)
+        elif item.kind == "best_config":
+            try:
+                content = data.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise BadInputError(item.rel, f"not UTF-8 text: {exc}") from exc
+            added = repos.best_configs.put(item.rel, content, fingerprint_id=fp_id)
+            (report.added if added else report.unchanged)["best_config"] += 1
+        elif item.kind == "cutlass":
+            match = _CUTLASS_FILE.fullmatch(item.rel)
+            assert match is not None
+            rows = parse_op_list(data, where=item.rel)
+            added = repos.cutlass.put(match.group(1), data, rows, arch=infer_arch(rows))
+            (report.added if added else report.unchanged)["cutlass_op_list"] += 1
+
+    def _import_local_cache(self, repos: Repos, item: _Item, data: bytes, report: ImportReport) -> None:
+        system, cache = doc.parse(data, where=item.rel)
+        if system["hash"] != item.path.name:
+            raise BadInputError(item.rel, f"system hash {system['hash']!r} does not match the file name")
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise BadInputError(item.rel, f"not UTF-8 text: {exc}") from exc
+        if doc.render(system, cache) != text:
+            report.notes.append(
+                Problem(item.rel, "imported, but not in the form CacheBase.update_local_cache "
+                        "writes (json.dumps indent=4): an export will not be byte-identical")
+            )
+        fp = self.fingerprint
+        if fp is None or fp.system_hash != system["hash"]:
+            fp = Fingerprint(system=system)
+        fp_id = repos.fingerprints.ensure(fp)
+        timings, values = doc.split_cache(cache, start=next_position(repos.session))
+        added = repos.timings.add_leaves(fp_id, timings)
+        report.added["autotune_timings"] += added
+        report.unchanged["autotune_timings"] += len(timings) - added
+        added = repos.local_values.add_leaves(fp_id, values)
+        report.added["local_cache_values"] += added
+        report.unchanged["local_cache_values"] += len(values) - added

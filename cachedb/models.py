@@ -1,0 +1,292 @@
+"""Schema v1: typed SQLAlchemy 2.0 models of Inductor's caches.
+
+One table family per cache kind Inductor writes under ``cache_dir()``:
+
+===========================  ==================================================================
+table                        Inductor artifact
+===========================  ==================================================================
+``system_fingerprints``      ``CacheBase.get_system()`` (+ torch version, ``torch_key``, host)
+``guarded_entries``          ``fxgraph/<k[1:3]>/<key>/<variant>``, ``aotautograd/<key>/<variant>``
+``autotune_timings``         ``cache/<system hash>`` → ``cache[op][inputs][precision][choice]``
+``local_cache_values``       ``cache/<system hash>`` → any other ``LocalCache`` value
+``best_configs``             ``<k[1:3]>/<name>.best_config``
+``cutlass_op_lists``         ``configs_<request key>.json``
+``cutlass_ops``              one row per op of a CUTLASS op list
+===========================  ==================================================================
+
+Views (created by the migrations, see :data:`VIEW_NAMES`): ``autotune_current``,
+``autotune_winners``, ``autotune_history``.
+
+Timestamps are timezone-aware UTC. Payload columns hold zstd frames; sizes are bytes of the
+uncompressed payload; ``checksum`` is the SHA-256 hex digest of the uncompressed payload.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Optional
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+#: Kinds of guarded entries, named after their directory under ``cache_dir()``.
+GUARDED_KINDS = ("fxgraph", "aotautograd")
+
+
+def utcnow() -> dt.datetime:
+    """The current time, timezone-aware UTC (the value every timestamp column gets)."""
+    return dt.datetime.now(dt.timezone.utc)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class SystemFingerprint(Base):
+    """Where an entry was produced.
+
+    ``system_hash`` is Inductor's own ``CacheBase.get_system()["hash"]``
+    (torch/_inductor/codecache.py); it is identical on every CPU-only machine, so the host
+    fields (``cpu_model``, ``isa``) and the torch build (``torch_version``, ``torch_key``)
+    complete it. ``fingerprint_key`` is the natural key: the SHA-256 hex digest of the
+    canonical JSON of every identifying field (:func:`cachedb.fingerprint.fingerprint_key`).
+    ``system_json`` is the ``"system"`` object exactly as Inductor wrote it, so a
+    ``cache/<system hash>`` file is exported byte for byte.
+    """
+
+    __tablename__ = "system_fingerprints"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    fingerprint_key: Mapped[str] = mapped_column(String(64), unique=True)
+    system_hash: Mapped[str] = mapped_column(String(64), index=True)
+    system_json: Mapped[str] = mapped_column(Text)
+    device_name: Mapped[Optional[str]] = mapped_column(String(256))
+    triton_key: Mapped[Optional[str]] = mapped_column(String(256))
+    cuda_version: Mapped[Optional[str]] = mapped_column(String(32))
+    hip_version: Mapped[Optional[str]] = mapped_column(String(64))
+    torch_version: Mapped[Optional[str]] = mapped_column(String(64))
+    torch_key: Mapped[Optional[str]] = mapped_column(String(64))
+    cpu_model: Mapped[Optional[str]] = mapped_column(String(256))
+    isa: Mapped[Optional[str]] = mapped_column(String(64))
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class GuardedEntry(Base):
+    """One compiled variant of an FX graph or AOTAutograd cache key.
+
+    ``variant`` is ``sha256_hash(payload)`` (torch/_inductor/codecache.py), the leaf file name
+    Inductor gives it; ``guards_expr`` is the entry's guard expression read from the pickle
+    without executing it (``None`` = unconditional hit, unless ``guards_known`` is false, in
+    which case ``guards_note`` says why it could not be read). ``time_taken_ns`` is the
+    compile time Inductor recorded (FX: ``_time_taken_ns``; AOT: forward + backward).
+    """
+
+    __tablename__ = "guarded_entries"
+    __table_args__ = (
+        UniqueConstraint("kind", "key", "variant", name="uq_guarded_entries_kind_key_variant"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    key: Mapped[str] = mapped_column(String(128))
+    variant: Mapped[str] = mapped_column(String(64))
+    guards_expr: Mapped[Optional[str]] = mapped_column(Text)
+    guards_known: Mapped[bool] = mapped_column(Boolean, default=True)
+    guards_note: Mapped[Optional[str]] = mapped_column(Text)
+    payload: Mapped[bytes] = mapped_column(LargeBinary)
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    checksum: Mapped[str] = mapped_column(String(64))
+    time_taken_ns: Mapped[Optional[int]] = mapped_column(BigInteger)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    last_used_at: Mapped[Optional[dt.datetime]] = mapped_column(DateTime(timezone=True))
+    hit_count: Mapped[int] = mapped_column(Integer, default=0)
+    fingerprint_id: Mapped[Optional[int]] = mapped_column(
+        ForeignKey("system_fingerprints.id", ondelete="SET NULL"), index=True
+    )
+
+    fingerprint: Mapped[Optional[SystemFingerprint]] = relationship()
+
+
+class AutotuneTiming(Base):
+    """One benchmark of one choice: ``cache[op][inputs_key][precision][choice_hash] = timing_ms``.
+
+    Mirrors ``PersistentCache.lookup`` (torch/_inductor/codecache.py). A re-benchmark adds a
+    row; the current value of a choice is its latest row. ``position`` orders entries as they
+    first appeared in Inductor's JSON document (shared with :class:`LocalCacheValue`), so an
+    export writes the document back byte for byte.
+    """
+
+    __tablename__ = "autotune_timings"
+    __table_args__ = (
+        Index(
+            "ix_autotune_timings_lookup",
+            "fingerprint_id",
+            "op",
+            "inputs",
+            "precision",
+            "choice_hash",
+            "recorded_at",
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    fingerprint_id: Mapped[int] = mapped_column(
+        ForeignKey("system_fingerprints.id", ondelete="CASCADE")
+    )
+    op: Mapped[str] = mapped_column(String(256))
+    inputs: Mapped[str] = mapped_column(Text)
+    hint_override: Mapped[Optional[int]] = mapped_column(BigInteger)
+    precision: Mapped[str] = mapped_column(String(16))
+    choice_hash: Mapped[str] = mapped_column(Text)
+    timing_ms: Mapped[float] = mapped_column(Float)
+    position: Mapped[int] = mapped_column(BigInteger)
+    recorded_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+    fingerprint: Mapped[SystemFingerprint] = relationship()
+
+
+class LocalCacheValue(Base):
+    """A ``LocalCache`` value (pad_mm decisions, runtime estimates, …) under its key path.
+
+    ``key_path`` is the JSON array of keys from the top of the ``"cache"`` object down to the
+    value (``LocalCache.set_value(*keys, value=...)``), ``namespace`` its first key, and
+    ``value_json`` the JSON of the value (a leaf: never a non-empty object).
+    """
+
+    __tablename__ = "local_cache_values"
+    __table_args__ = (
+        UniqueConstraint("fingerprint_id", "key_path", name="uq_local_cache_values_fp_key_path"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    fingerprint_id: Mapped[int] = mapped_column(
+        ForeignKey("system_fingerprints.id", ondelete="CASCADE")
+    )
+    namespace: Mapped[str] = mapped_column(String(256), index=True)
+    key_path: Mapped[str] = mapped_column(Text)
+    value_json: Mapped[str] = mapped_column(Text)
+    position: Mapped[int] = mapped_column(BigInteger)
+    updated_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+    fingerprint: Mapped[SystemFingerprint] = relationship()
+
+
+class BestConfig(Base):
+    """An autotune best config (``AutotuneCache``, torch/_inductor/runtime/autotune_cache.py).
+
+    ``key`` is the file's path relative to ``cache_dir()``, ``"<k[1:3]>/<name>.best_config"``
+    (the Mega-Cache artifact key), so one database serves any cache directory. ``content`` is
+    the JSON exactly as written; the other columns are extracted from it.
+    """
+
+    __tablename__ = "best_configs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    key: Mapped[str] = mapped_column(String(256), unique=True)
+    content: Mapped[str] = mapped_column(Text)
+    configs_hash: Mapped[Optional[str]] = mapped_column(String(64), index=True)
+    num_warps: Mapped[Optional[int]] = mapped_column(Integer)
+    num_stages: Mapped[Optional[int]] = mapped_column(Integer)
+    found_by_coordesc: Mapped[Optional[bool]] = mapped_column(Boolean)
+    time_taken_ms: Mapped[Optional[int]] = mapped_column(BigInteger)
+    triton_cache_hash: Mapped[Optional[str]] = mapped_column(String(128))
+    kernel_kwargs: Mapped[Optional[str]] = mapped_column(Text)
+    fingerprint_id: Mapped[Optional[int]] = mapped_column(
+        ForeignKey("system_fingerprints.id", ondelete="SET NULL")
+    )
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    updated_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class CutlassOpList(Base):
+    """A CUTLASS op list, ``configs_<request_key>.json`` (``maybe_fetch_ops``,
+    torch/_inductor/codegen/cutlass/cache.py). ``payload`` is the zstd frame of the file's
+    exact bytes; ``arch``, ``cuda_version`` and ``instantiation_level`` are the inputs of the
+    request key where known (an imported file only reveals ``arch``)."""
+
+    __tablename__ = "cutlass_op_lists"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    request_key: Mapped[str] = mapped_column(String(64), unique=True)
+    arch: Mapped[Optional[int]] = mapped_column(Integer)
+    cuda_version: Mapped[Optional[str]] = mapped_column(String(32))
+    instantiation_level: Mapped[Optional[str]] = mapped_column(String(32))
+    op_count: Mapped[int] = mapped_column(Integer)
+    payload: Mapped[bytes] = mapped_column(LargeBinary)
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    checksum: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+    ops: Mapped[list[CutlassOp]] = relationship(
+        back_populates="op_list", cascade="all, delete-orphan", passive_deletes=True
+    )
+
+
+class CutlassOp(Base):
+    """One op of a CUTLASS op list, with the fields users filter by (parsed without CUTLASS
+    installed, :func:`cachedb.cutlass_ops.parse_op_list`)."""
+
+    __tablename__ = "cutlass_ops"
+    __table_args__ = (
+        Index("ix_cutlass_ops_types", "element_a", "element_b", "layout_a", "layout_b"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    op_list_id: Mapped[int] = mapped_column(
+        ForeignKey("cutlass_op_lists.id", ondelete="CASCADE"), index=True
+    )
+    position: Mapped[int] = mapped_column(Integer)
+    gemm_kind: Mapped[Optional[str]] = mapped_column(String(64))
+    arch: Mapped[Optional[int]] = mapped_column(Integer)
+    element_a: Mapped[Optional[str]] = mapped_column(String(32))
+    element_b: Mapped[Optional[str]] = mapped_column(String(32))
+    element_c: Mapped[Optional[str]] = mapped_column(String(32))
+    element_d: Mapped[Optional[str]] = mapped_column(String(32))
+    element_accumulator: Mapped[Optional[str]] = mapped_column(String(32))
+    element_epilogue: Mapped[Optional[str]] = mapped_column(String(32))
+    layout_a: Mapped[Optional[str]] = mapped_column(String(32))
+    layout_b: Mapped[Optional[str]] = mapped_column(String(32))
+    layout_c: Mapped[Optional[str]] = mapped_column(String(32))
+    layout_d: Mapped[Optional[str]] = mapped_column(String(32))
+    alignment_a: Mapped[Optional[int]] = mapped_column(Integer)
+    alignment_b: Mapped[Optional[int]] = mapped_column(Integer)
+    alignment_c: Mapped[Optional[int]] = mapped_column(Integer)
+    alignment_d: Mapped[Optional[int]] = mapped_column(Integer)
+    tile_shape: Mapped[Optional[str]] = mapped_column(String(32))
+    cluster_shape: Mapped[Optional[str]] = mapped_column(String(32))
+    stages: Mapped[Optional[int]] = mapped_column(Integer)
+    kernel_schedule: Mapped[Optional[str]] = mapped_column(String(64))
+    epilogue_schedule: Mapped[Optional[str]] = mapped_column(String(64))
+    tile_scheduler: Mapped[Optional[str]] = mapped_column(String(64))
+    epilogue_functor: Mapped[Optional[str]] = mapped_column(String(64))
+    swizzling_functor: Mapped[Optional[str]] = mapped_column(String(64))
+
+    op_list: Mapped[CutlassOpList] = relationship(back_populates="ops")
+
+
+#: Tuning-history views created by the migrations (SQL in migrations/versions/0001_schema_v1.py):
+#: ``autotune_current`` (latest timing of each choice), ``autotune_winners`` (fastest current
+#: choice per op, inputs, precision and fingerprint, with the number of candidates) and
+#: ``autotune_history`` (every benchmark with its fingerprint: device, torch version, host).
+VIEW_NAMES = ("autotune_current", "autotune_winners", "autotune_history")

@@ -1,0 +1,20 @@
+"""Repositories: one per table family. Each takes a :class:`~sqlalchemy.orm.Session`, reads
+and writes through it, and never commits: the transaction belongs to the caller
+(:meth:`cachedb.CacheDB.transaction`)."""
+
+from .best_configs import BestConfigRepository
+from .cutlass import CutlassOpListRepository
+from .fingerprints import FingerprintRepository
+from .guarded import GuardedEntryRepository, StoredVariant
+from .local_values import LocalCacheValueRepository
+from .timings import AutotuneTimingRepository
+
+__all__ = [
+    "AutotuneTimingRepository",
+    "BestConfigRepository",
+    "CutlassOpListRepository",
+    "FingerprintRepository",
+    "GuardedEntryRepository",
+    "LocalCacheValueRepository",
+    "StoredVariant",
+]

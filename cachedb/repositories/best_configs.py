@@ -1,0 +1,96 @@
+"""Autotune best configs, keyed by their path relative to the cache directory."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+from sqlalchemy import bindparam, insert, select, update
+from sqlalchemy.orm import Session
+
+from .._errors import BadInputError
+from ..models import BestConfig, utcnow
+
+_B = BestConfig.__table__
+_GET = select(_B.c.content).where(_B.c.key == bindparam("key"))
+_ROW = select(_B.c.id, _B.c.content).where(_B.c.key == bindparam("key"))
+_INSERT = insert(_B)
+
+#: Keys of a best config that are not Triton ``Config.kwargs``
+#: (``AutotuneCache._save``, torch/_inductor/runtime/autotune_cache.py).
+NON_KWARG_FIELDS = frozenset(
+    {
+        "num_warps",
+        "num_stages",
+        "configs_hash",
+        "found_by_coordesc",
+        "time_taken_ms",
+        "triton_cache_hash",
+        "extra_options",
+        "num_consumer_groups",
+        "num_buffers_warp_spec",
+    }
+)
+
+
+def _int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def extract_columns(content: str, *, where: str) -> dict[str, Any]:
+    """The queryable columns of a best config's JSON text.
+
+    Raises :class:`~cachedb.BadInputError` naming ``where`` for text that is not a JSON object.
+    """
+    try:
+        data = json.loads(content)
+    except ValueError as exc:
+        raise BadInputError(where, f"malformed JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise BadInputError(where, "a best config must be a JSON object")
+    coordesc = data.get("found_by_coordesc")
+    triton_hash = data.get("triton_cache_hash")
+    configs_hash = data.get("configs_hash")
+    return {
+        "configs_hash": configs_hash if isinstance(configs_hash, str) else None,
+        "num_warps": _int_or_none(data.get("num_warps")),
+        "num_stages": _int_or_none(data.get("num_stages")),
+        "found_by_coordesc": coordesc if isinstance(coordesc, bool) else None,
+        "time_taken_ms": _int_or_none(data.get("time_taken_ms")),
+        "triton_cache_hash": triton_hash if isinstance(triton_hash, str) else None,
+        "kernel_kwargs": json.dumps({k: v for k, v in data.items() if k not in NON_KWARG_FIELDS}),
+    }
+
+
+class BestConfigRepository:
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    def put(self, key: str, content: str, *, fingerprint_id: int | None = None) -> bool:
+        """Store (or replace) the best config at ``key`` (``"<k[1:3]>/<name>.best_config"``).
+        Returns False if the same content was already stored."""
+        columns = extract_columns(content, where=key)
+        found = self.session.execute(_ROW, {"key": key}).first()
+        now = utcnow()
+        if found is None:
+            self.session.execute(
+                _INSERT,
+                {"key": key, "content": content, "fingerprint_id": fingerprint_id,
+                 "created_at": now, "updated_at": now, **columns},
+            )
+            return True
+        if found.content == content:
+            return False
+        self.session.execute(
+            update(_B).where(_B.c.id == found.id).values(content=content, updated_at=now, **columns)
+        )
+        return True
+
+    def get(self, key: str) -> str | None:
+        """The JSON text stored at ``key``, or ``None``."""
+        return self.session.execute(_GET, {"key": key}).scalar()
+
+    def iter_all(self) -> Iterator[tuple[str, str]]:
+        """``(key, content)`` of every best config, by key."""
+        yield from self.session.execute(select(_B.c.key, _B.c.content).order_by(_B.c.key)).tuples()

@@ -1,0 +1,83 @@
+"""CUTLASS op lists, stored whole (exact bytes) plus one queryable row per op."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Sequence
+
+from sqlalchemy import bindparam, delete, insert, select
+from sqlalchemy.orm import Session
+
+from .._payload import pack, unpack
+from ..cutlass_ops import CutlassOpRow
+from ..models import CutlassOp, CutlassOpList, utcnow
+
+_L = CutlassOpList.__table__
+_O = CutlassOp.__table__
+_GET = select(_L.c.payload, _L.c.size_bytes, _L.c.checksum).where(
+    _L.c.request_key == bindparam("request_key")
+)
+
+
+class CutlassOpListRepository:
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    def put(
+        self,
+        request_key: str,
+        data: bytes,
+        rows: Sequence[CutlassOpRow],
+        *,
+        arch: int | None = None,
+        cuda_version: str | None = None,
+        instantiation_level: str | None = None,
+    ) -> bool:
+        """Store the op list ``configs_<request_key>.json`` (its exact ``data`` bytes) and its
+        parsed ``rows``. Returns False if identical bytes were already stored under the key;
+        different bytes replace the old list and its ops."""
+        packed = pack(data)
+        found = self.session.execute(
+            select(_L.c.id, _L.c.checksum).where(_L.c.request_key == request_key)
+        ).first()
+        if found is not None:
+            if found.checksum == packed.checksum:
+                return False
+            self.session.execute(delete(_O).where(_O.c.op_list_id == found.id))
+            self.session.execute(delete(_L).where(_L.c.id == found.id))
+        list_id = self.session.execute(
+            insert(_L).returning(_L.c.id),
+            {
+                "request_key": request_key,
+                "arch": arch,
+                "cuda_version": cuda_version,
+                "instantiation_level": instantiation_level,
+                "op_count": len(rows),
+                "payload": packed.blob,
+                "size_bytes": packed.size_bytes,
+                "checksum": packed.checksum,
+                "created_at": utcnow(),
+            },
+        ).scalar_one()
+        if rows:
+            self.session.execute(
+                insert(_O), [{"op_list_id": list_id, **dataclasses.asdict(r)} for r in rows]
+            )
+        return True
+
+    def get(self, request_key: str) -> bytes | None:
+        """The op list's exact bytes, or ``None``; raises
+        :class:`~cachedb.CorruptPayloadError` if the stored payload fails its checksum."""
+        row = self.session.execute(_GET, {"request_key": request_key}).first()
+        if row is None:
+            return None
+        return unpack(row.payload, row.size_bytes, row.checksum, where=f"configs_{request_key}.json")
+
+    def request_keys(self) -> list[str]:
+        return list(self.session.execute(select(_L.c.request_key).order_by(_L.c.request_key)).scalars())
+
+    def iter_all(self) -> Iterator[tuple[str, bytes]]:
+        for key in self.request_keys():
+            data = self.get(key)
+            if data is not None:
+                yield key, data

@@ -1,0 +1,66 @@
+"""System fingerprints: one row per (system hash, torch build, host)."""
+
+from __future__ import annotations
+
+import json
+
+from sqlalchemy import bindparam, select
+from sqlalchemy.orm import Session
+
+from ..fingerprint import Fingerprint
+from ..models import SystemFingerprint
+
+_ID_BY_KEY = select(SystemFingerprint.id).where(
+    SystemFingerprint.fingerprint_key == bindparam("key")
+)
+
+
+class FingerprintRepository:
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    def ensure(self, fp: Fingerprint) -> int:
+        """The id of ``fp``'s row, inserting it on first sight."""
+        found = self.session.execute(_ID_BY_KEY, {"key": fp.key}).scalar()
+        if found is not None:
+            return int(found)
+        row = SystemFingerprint(
+            fingerprint_key=fp.key,
+            system_hash=fp.system_hash,
+            system_json=fp.system_json,
+            device_name=fp.device_name,
+            triton_key=fp.triton_key,
+            cuda_version=fp.cuda_version,
+            hip_version=fp.hip_version,
+            torch_version=fp.torch_version,
+            torch_key=fp.torch_key,
+            cpu_model=fp.cpu_model,
+            isa=fp.isa,
+        )
+        self.session.add(row)
+        self.session.flush()
+        return row.id
+
+    def get(self, fingerprint_id: int) -> Fingerprint:
+        row = self.session.get_one(SystemFingerprint, fingerprint_id)
+        return Fingerprint(
+            system=json.loads(row.system_json),
+            torch_version=row.torch_version,
+            torch_key=row.torch_key,
+            cpu_model=row.cpu_model,
+            isa=row.isa,
+        )
+
+    def ids_for_system_hash(self, system_hash: str) -> list[int]:
+        stmt = select(SystemFingerprint.id).where(SystemFingerprint.system_hash == system_hash)
+        return list(self.session.execute(stmt).scalars())
+
+    def system_hashes(self) -> dict[str, str]:
+        """``{system_hash: system_json}`` of every fingerprint (one JSON per hash)."""
+        stmt = select(SystemFingerprint.system_hash, SystemFingerprint.system_json).order_by(
+            SystemFingerprint.id
+        )
+        out: dict[str, str] = {}
+        for system_hash, system_json in self.session.execute(stmt):
+            out.setdefault(system_hash, system_json)
+        return out

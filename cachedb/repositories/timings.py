@@ -1,0 +1,158 @@
+"""Autotune timings: every benchmark of every choice, the latest one being current."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+from sqlalchemy import bindparam, func, insert, select
+from sqlalchemy.orm import Session
+
+from .._local_cache_doc import TimingLeaf
+from ..models import AutotuneTiming, LocalCacheValue, utcnow
+
+_T = AutotuneTiming.__table__
+_V = LocalCacheValue.__table__
+
+_INSERT = insert(_T)
+# Hot path: the timings of one (op, inputs, precision) on the fingerprints of a system hash,
+# oldest first so that the last row of each choice is its current value.
+_FOR_INPUTS = (
+    select(_T.c.choice_hash, _T.c.timing_ms)
+    .where(
+        _T.c.fingerprint_id.in_(bindparam("fingerprint_ids", expanding=True)),
+        _T.c.op == bindparam("op"),
+        _T.c.inputs == bindparam("inputs"),
+        _T.c.precision == bindparam("precision"),
+    )
+    .order_by(_T.c.recorded_at, _T.c.id)
+)
+_FOR_INPUTS_NO_HINT = _FOR_INPUTS.where(_T.c.hint_override.is_(None))
+_FOR_INPUTS_HINT = _FOR_INPUTS.where(_T.c.hint_override == bindparam("hint_override"))
+
+
+def next_position(session: Session) -> int:
+    """The next free document position, shared by timings and LocalCache values."""
+    top = max(
+        session.execute(select(func.max(_T.c.position))).scalar() or -1,
+        session.execute(select(func.max(_V.c.position))).scalar() or -1,
+    )
+    return int(top) + 1
+
+
+class AutotuneTimingRepository:
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    def record(
+        self,
+        fingerprint_id: int,
+        op: str,
+        inputs: str,
+        precision: str,
+        timings: Mapping[str, float],
+        *,
+        hint_override: int | None = None,
+    ) -> int:
+        """Append one benchmark row per choice (``{choice_hash: milliseconds}``). Returns the
+        number of rows added. Existing rows are history and stay."""
+        current = self.current_paths([fingerprint_id])
+        position = next_position(self.session)
+        rows = []
+        now = utcnow()
+        for choice, ms in timings.items():
+            path = (op, inputs, hint_override, precision, choice)
+            known = current.get(path)
+            rows.append(
+                {
+                    "fingerprint_id": fingerprint_id,
+                    "op": op,
+                    "inputs": inputs,
+                    "hint_override": hint_override,
+                    "precision": precision,
+                    "choice_hash": choice,
+                    "timing_ms": float(ms),
+                    "position": known[1] if known else position,
+                    "recorded_at": now,
+                }
+            )
+            if not known:
+                position += 1
+        if rows:
+            self.session.execute(_INSERT, rows)
+        return len(rows)
+
+    def add_leaves(self, fingerprint_id: int, leaves: Sequence[TimingLeaf]) -> int:
+        """Import document leaves: a leaf whose current value is already that value adds
+        nothing (re-import is idempotent); a changed value adds a history row. Returns the
+        number of rows added."""
+        current = self.current_paths([fingerprint_id])
+        now = utcnow()
+        rows = []
+        for leaf in leaves:
+            path = (leaf.op, leaf.inputs, leaf.hint_override, leaf.precision, leaf.choice_hash)
+            known = current.get(path)
+            if known is not None and known[0] == leaf.timing_ms:
+                continue
+            rows.append(
+                {
+                    "fingerprint_id": fingerprint_id,
+                    "op": leaf.op,
+                    "inputs": leaf.inputs,
+                    "hint_override": leaf.hint_override,
+                    "precision": leaf.precision,
+                    "choice_hash": leaf.choice_hash,
+                    "timing_ms": leaf.timing_ms,
+                    "position": known[1] if known else leaf.position,
+                    "recorded_at": now,
+                }
+            )
+        if rows:
+            self.session.execute(_INSERT, rows)
+        return len(rows)
+
+    def lookup(
+        self,
+        fingerprint_ids: Iterable[int],
+        op: str,
+        inputs: str,
+        precision: str,
+        *,
+        hint_override: int | None = None,
+    ) -> dict[str, float]:
+        """``{choice_hash: current timing in ms}`` for one (op, inputs, precision)."""
+        stmt = _FOR_INPUTS_NO_HINT if hint_override is None else _FOR_INPUTS_HINT
+        params = {
+            "fingerprint_ids": list(fingerprint_ids),
+            "op": op,
+            "inputs": inputs,
+            "precision": precision,
+            "hint_override": hint_override,
+        }
+        rows = self.session.execute(stmt, params)
+        return {choice: ms for choice, ms in rows}
+
+    def current_paths(self, fingerprint_ids: Iterable[int]) -> dict[tuple, tuple[float, int]]:
+        """``{(op, inputs, hint_override, precision, choice_hash): (current ms, first position)}``."""
+        stmt = (
+            select(
+                _T.c.op, _T.c.inputs, _T.c.hint_override, _T.c.precision, _T.c.choice_hash,
+                _T.c.timing_ms, _T.c.position,
+            )
+            .where(_T.c.fingerprint_id.in_(list(fingerprint_ids)))
+            .order_by(_T.c.recorded_at, _T.c.id)
+        )
+        out: dict[tuple, tuple[float, int]] = {}
+        for op, inputs, hint, precision, choice, ms, position in self.session.execute(stmt):
+            path = (op, inputs, hint, precision, choice)
+            first = out.get(path)
+            out[path] = (ms, min(position, first[1]) if first else position)
+        return out
+
+    def current_leaves(self, fingerprint_ids: Iterable[int]) -> list[TimingLeaf]:
+        """The current value of every path, as document leaves (for export)."""
+        return [
+            TimingLeaf(op, inputs, hint, precision, choice, ms, position)
+            for (op, inputs, hint, precision, choice), (ms, position) in self.current_paths(
+                fingerprint_ids
+            ).items()
+        ]
