@@ -1,0 +1,91 @@
+"""Shared fixtures: databases on SQLite and PostgreSQL, and a real Inductor cache directory."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+
+from cachedb import CacheDB
+
+#: The local PostgreSQL server (trust auth). Override with CACHEDB_TEST_PG_URL.
+PG_URL = os.environ.get("CACHEDB_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+
+
+def _pg_available() -> bool:
+    try:
+        engine = create_engine(PG_URL)
+        with engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+        engine.dispose()
+        return True
+    except Exception:
+        return False
+
+
+_PG = _pg_available()
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    """A URL to a fresh, empty PostgreSQL schema, dropped afterwards.
+
+    Fails (does not skip) where PostgreSQL is unreachable, unless CACHEDB_TEST_NO_PG=1.
+    """
+    if not _PG:
+        if os.environ.get("CACHEDB_TEST_NO_PG") == "1":
+            pytest.skip("PostgreSQL disabled by CACHEDB_TEST_NO_PG=1")
+        pytest.fail(f"PostgreSQL not reachable at {PG_URL}")
+    schema = f"cachedb_test_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(PG_URL)
+    with admin.begin() as conn:
+        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+    try:
+        yield f"{PG_URL}?options=-csearch_path%3D{schema}"
+    finally:
+        with admin.begin() as conn:
+            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+        admin.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh database location on each backend."""
+    if request.param == "sqlite":
+        return str(tmp_path / "cache.db")
+    return request.getfixturevalue("pg_url")
+
+
+@pytest.fixture
+def db(db_url: str) -> Iterator[CacheDB]:
+    """A migrated, empty :class:`CacheDB` on SQLite and on PostgreSQL."""
+    database = CacheDB(db_url)
+    try:
+        yield database
+    finally:
+        database.close()
+
+
+@pytest.fixture
+def sqlite_db(tmp_path: Path) -> Iterator[CacheDB]:
+    database = CacheDB(tmp_path / "cache.db")
+    try:
+        yield database
+    finally:
+        database.close()
+
+
+@pytest.fixture(scope="session")
+def real_cache(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    """A real Inductor cache directory built by torch 2.13 (examples/build_cache.py, run in
+    a subprocess), and the builder's JSON summary. Built once per test session."""
+    pytest.importorskip("torch")
+    from ._realcache import build_real_cache
+
+    cache_dir = tmp_path_factory.mktemp("inductor_cache")
+    summary = build_real_cache(cache_dir)
+    return cache_dir, summary
