@@ -22,7 +22,7 @@ from ._errors import CacheDBError
 from .db import CacheDB
 
 FORMATS = click.Choice(["table", "json", "csv"])
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)
 
 
 def _json_default(value: Any) -> Any:

@@ -90,7 +90,7 @@ def test_sqlite_setup(sqlite_db: CacheDB) -> None:
 
 def test_wheel_carries_migrations(tmp_path: Path) -> None:
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(ROOT)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(ROOT)],
         check=True,
     )
     (wheel,) = tmp_path.glob("cachedb-*.whl")

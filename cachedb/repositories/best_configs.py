@@ -93,4 +93,5 @@ class BestConfigRepository:
 
     def iter_all(self) -> Iterator[tuple[str, str]]:
         """``(key, content)`` of every best config, by key."""
-        yield from self.session.execute(select(_B.c.key, _B.c.content).order_by(_B.c.key)).tuples()
+        for key, content in self.session.execute(select(_B.c.key, _B.c.content).order_by(_B.c.key)):
+            yield key, content

@@ -1,0 +1,392 @@
+"""Read ``guards_expr`` and the compile time of a pickled Inductor cache entry without executing it.
+
+FX graph entries are pickles of ``torch._inductor.output_code.CompiledFxGraph``; AOTAutograd
+entries are pickles of ``AOTAutogradResult`` / ``BundledAOTAutogradResult``
+(``torch/_functorch/_aot_autograd/autograd_cache.py``). Both are dataclasses pickled with the
+default ``__reduce_ex__``: ``NEWOBJ`` (or ``REDUCE``) creates the object, a state dict is
+built with ``EMPTY_DICT`` + ``SETITEM(S)``, and ``BUILD`` applies it.
+
+This module never unpickles. It walks the opcode stream (:func:`pickletools.genops`) and
+simulates the unpickler's stack, memo and mark stack with inert stand-ins: constants (str,
+int, None, ...) keep their values, dicts keep their items, every created object is an
+:class:`_Obj` that records the global it was made from and the state given to it by
+``BUILD``. Only the state of the TOP-LEVEL object (the one ``STOP`` returns) is read, so the
+``guards_expr``/time fields of nested objects (e.g. the forward/backward graphs inside an
+AOTAutograd entry) are never mistaken for the entry's own.
+
+Fields read (from the top-level state):
+
+* ``guards_expr``: a ``str`` or ``None`` (``guards_known`` says it was read);
+* FX entries: ``_time_taken_ns``;
+* AOT entries: ``forward_time_taken_ns + backward_time_taken_ns``.
+
+Truncated or malformed pickles raise :class:`~cachedb._errors.PickleScanError`. A well-formed
+pickle that is not an entry gives an :class:`EntryFields` whose ``reason`` says what is missing.
+"""
+
+from __future__ import annotations
+
+import io
+import pickletools
+from dataclasses import dataclass
+from typing import Any
+
+from ._errors import PickleScanError
+
+__all__ = ["EntryFields", "read_entry_fields"]
+
+#: The highest pickle protocol the scanner knows (that of Python 3.8+).
+_HIGHEST_PROTOCOL = 5
+
+#: Phrases of pickletools' errors that mean "the data ended too early".
+_TRUNCATION_HINTS = ("exhausted before seeing STOP", "not enough data", "but only")
+
+
+@dataclass(frozen=True)
+class EntryFields:
+    """What could be read from a pickled FX graph or AOTAutograd entry."""
+
+    guards_expr: str | None
+    #: ``guards_expr`` was read: ``None`` then truly means "no guards" (an unconditional hit).
+    guards_known: bool
+    time_taken_ns: int | None
+    #: Why a field could not be read (``None`` when everything was read).
+    reason: str | None
+
+
+# --------------------------------------------------------------------------- inert stand-ins
+
+
+class _Global:
+    """A class or function reference (GLOBAL / STACK_GLOBAL / EXT*); never imported."""
+
+    __slots__ = ("module", "name")
+
+    def __init__(self, module: object, name: object) -> None:
+        self.module = module
+        self.name = name
+
+    def qualname(self) -> str:
+        if isinstance(self.module, str) and isinstance(self.name, str):
+            return f"{self.module}.{self.name}"
+        return "<unknown global>"
+
+
+class _Obj:
+    """An object the real unpickler would create (REDUCE, NEWOBJ, OBJ, INST, ...)."""
+
+    __slots__ = ("factory", "state", "built")
+
+    def __init__(self, factory: object) -> None:
+        self.factory = factory
+        self.state: dict[Any, Any] = {}
+        self.built = False
+
+    def describe(self) -> str:
+        if isinstance(self.factory, _Global):
+            return self.factory.qualname()
+        return "<object>"
+
+
+class _Dict:
+    """A dict under construction; only its str-keyed items are kept."""
+
+    __slots__ = ("items",)
+
+    def __init__(self) -> None:
+        self.items: dict[Any, Any] = {}
+
+    def set(self, key: object, value: object) -> None:
+        # Only str keys can name the fields we read. Other keys are never hashed: a hostile
+        # pickle can build tuples whose hash takes exponential time (x = (x, x), repeated).
+        if type(key) is str:
+            self.items[key] = value
+
+
+class _Opaque:
+    """Anything whose content is irrelevant here (lists, sets, buffers, persistent ids)."""
+
+    __slots__ = ("kind",)
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+
+
+
+# --------------------------------------------------------------------------- the walk
+
+
+def _scan_top_level(data: bytes, where: str) -> object:
+    """Simulate the unpickler over ``data`` and return the stand-in of the top-level value."""
+    stack: list[Any] = []
+    metastack: list[list[Any]] = []
+    memo: dict[int, Any] = {}
+    pos = 0
+
+    def fail(reason: str) -> PickleScanError:
+        return PickleScanError(where, f"{reason} (at byte {pos})")
+
+    def pop() -> Any:
+        if not stack:
+            raise fail("stack underflow")
+        return stack.pop()
+
+    def pop_mark() -> list[Any]:
+        nonlocal stack
+        if not metastack:
+            raise fail("no MARK on the stack")
+        items = stack
+        stack = metastack.pop()
+        return items
+
+    def top() -> Any:
+        if not stack:
+            raise fail("stack underflow")
+        return stack[-1]
+
+    ops = pickletools.genops(io.BytesIO(data))
+    while True:
+        try:
+            opcode, arg, p = next(ops)
+        except StopIteration:
+            # genops only stops after STOP, which returns below; reaching here means no STOP.
+            raise fail("pickle ended before STOP") from None
+        except PickleScanError:
+            raise
+        except Exception as exc:  # ValueError (truncated / unknown opcode), UnicodeDecodeError, ...
+            msg = str(exc) or type(exc).__name__
+            what = "truncated" if any(t in msg for t in _TRUNCATION_HINTS) else "malformed"
+            raise PickleScanError(where, f"{what} pickle: {msg}") from None
+        pos = p if p is not None else pos
+        name = opcode.name
+
+        # ---- constants (the arg is the value)
+        if name in _CONSTANT_OPS:
+            if isinstance(arg, bytearray):
+                arg = _Opaque("bytearray")
+            stack.append(arg)
+        elif name == "NONE":
+            stack.append(None)
+        elif name == "NEWTRUE":
+            stack.append(True)
+        elif name == "NEWFALSE":
+            stack.append(False)
+        # ---- memo
+        elif name == "MEMOIZE":
+            memo[len(memo)] = top()
+        elif name in ("PUT", "BINPUT", "LONG_BINPUT"):
+            if not isinstance(arg, int) or arg < 0:
+                raise fail(f"bad memo index {arg!r}")
+            memo[arg] = top()
+        elif name in ("GET", "BINGET", "LONG_BINGET"):
+            try:
+                stack.append(memo[arg])
+            except (KeyError, TypeError):
+                raise fail(f"memo key {arg!r} was never stored") from None
+        # ---- marks and containers
+        elif name == "MARK":
+            metastack.append(stack)
+            stack = []
+        elif name == "EMPTY_DICT":
+            stack.append(_Dict())
+        elif name == "DICT":
+            items = pop_mark()
+            if len(items) % 2:
+                raise fail("DICT with an odd number of items")
+            d = _Dict()
+            for i in range(0, len(items), 2):
+                d.set(items[i], items[i + 1])
+            stack.append(d)
+        elif name == "SETITEM":
+            value = pop()
+            key = pop()
+            target = top()
+            if isinstance(target, _Dict):
+                target.set(key, value)
+        elif name == "SETITEMS":
+            items = pop_mark()
+            if len(items) % 2:
+                raise fail("SETITEMS with an odd number of items")
+            target = top()
+            if isinstance(target, _Dict):
+                for i in range(0, len(items), 2):
+                    target.set(items[i], items[i + 1])
+        elif name == "EMPTY_TUPLE":
+            stack.append(())
+        elif name == "TUPLE1":
+            stack.append((pop(),))
+        elif name == "TUPLE2":
+            b = pop()
+            a = pop()
+            stack.append((a, b))
+        elif name == "TUPLE3":
+            c = pop()
+            b = pop()
+            a = pop()
+            stack.append((a, b, c))
+        elif name == "TUPLE":
+            items = pop_mark()  # first: pop_mark rebinds `stack`
+            stack.append(tuple(items))
+        elif name in ("EMPTY_LIST", "EMPTY_SET"):
+            stack.append(_Opaque(name))
+        elif name == "LIST" or name == "FROZENSET":
+            pop_mark()
+            stack.append(_Opaque(name))
+        elif name == "APPEND":
+            pop()
+            top()
+        elif name in ("APPENDS", "ADDITEMS"):
+            pop_mark()
+            top()
+        elif name == "POP":
+            if stack:
+                stack.pop()
+            else:
+                pop_mark()
+        elif name == "POP_MARK":
+            pop_mark()
+        elif name == "DUP":
+            stack.append(top())
+        # ---- globals and objects
+        elif name == "GLOBAL" or name == "INST":
+            module, _, qual = (arg if isinstance(arg, str) else "").partition(" ")
+            g = _Global(module, qual)
+            if name == "GLOBAL":
+                stack.append(g)
+            else:
+                pop_mark()
+                stack.append(_Obj(g))
+        elif name == "STACK_GLOBAL":
+            qual = pop()
+            module = pop()
+            stack.append(_Global(module, qual))
+        elif name in ("EXT1", "EXT2", "EXT4"):
+            stack.append(_Global(None, None))
+        elif name == "REDUCE" or name == "NEWOBJ":
+            pop()  # args
+            stack.append(_Obj(pop()))
+        elif name == "NEWOBJ_EX":
+            pop()  # kwargs
+            pop()  # args
+            stack.append(_Obj(pop()))
+        elif name == "OBJ":
+            items = pop_mark()
+            if not items:
+                raise fail("OBJ without a class")
+            stack.append(_Obj(items[0]))
+        elif name == "BUILD":
+            state = pop()
+            inst = top()
+            if isinstance(inst, _Obj):
+                _apply_state(inst, state)
+        elif name == "PERSID":
+            stack.append(_Opaque("persistent id"))
+        elif name == "BINPERSID":
+            pop()
+            stack.append(_Opaque("persistent id"))
+        elif name == "NEXT_BUFFER":
+            stack.append(_Opaque("buffer"))
+        elif name == "READONLY_BUFFER":
+            top()
+        # ---- framing
+        elif name == "PROTO":
+            if not isinstance(arg, int) or arg > _HIGHEST_PROTOCOL:
+                raise fail(f"unsupported pickle protocol {arg!r}")
+        elif name == "FRAME":
+            pass
+        elif name == "STOP":
+            return pop()
+        else:  # an opcode this module does not know: apply its documented stack effect
+            before = list(opcode.stack_before)
+            if pickletools.markobject in before:
+                # The mark and the slice above it go at once; what lies below the mark is
+                # popped too (and pushed back as per stack_after, e.g. APPENDS' list).
+                pop_mark()
+                before = before[: before.index(pickletools.markobject)]
+            for _ in before:
+                pop()
+            for _ in opcode.stack_after:
+                stack.append(_Opaque(name))
+
+
+_CONSTANT_OPS = frozenset(
+    {
+        "INT", "BININT", "BININT1", "BININT2", "LONG", "LONG1", "LONG4",
+        "STRING", "BINSTRING", "SHORT_BINSTRING",
+        "BINBYTES", "SHORT_BINBYTES", "BINBYTES8", "BYTEARRAY8",
+        "UNICODE", "SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8",
+        "FLOAT", "BINFLOAT",
+    }
+)  # fmt: skip
+
+
+def _apply_state(inst: _Obj, state: object) -> None:
+    """BUILD: ``inst.__dict__.update(state)`` (and slot state), as the unpickler does."""
+    inst.built = True
+    slotstate: object = None
+    if isinstance(state, tuple) and len(state) == 2:
+        state, slotstate = state
+    for part in (state, slotstate):
+        if isinstance(part, _Dict):
+            inst.state.update(part.items)
+
+
+# --------------------------------------------------------------------------- fields
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def read_entry_fields(data: bytes, *, where: str = "<payload>") -> EntryFields:
+    """Read ``guards_expr`` and the compile time of a pickled FX graph / AOTAutograd entry.
+
+    The pickle is never executed. Raises :class:`PickleScanError` when ``data`` is not a
+    complete, well-formed pickle; a well-formed pickle that does not hold the expected fields
+    gives ``guards_known=False`` / ``time_taken_ns=None`` and a ``reason``.
+    """
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise PickleScanError(where, f"expected bytes, got {type(data).__name__}")
+    if not data:
+        raise PickleScanError(where, "empty payload")
+    result = _scan_top_level(bytes(data), where)
+
+    if not isinstance(result, _Obj):
+        kind = "a dict" if isinstance(result, _Dict) else type(result).__name__
+        return EntryFields(None, False, None, f"top-level value is {kind}, not a cache entry object")
+    if not result.built:
+        return EntryFields(
+            None, False, None, f"top-level object {result.describe()} carries no state (no BUILD)"
+        )
+    state = result.state
+    reasons: list[str] = []
+
+    guards_expr: str | None = None
+    guards_known = False
+    if "guards_expr" not in state:
+        reasons.append(f"top-level object {result.describe()} has no guards_expr field")
+    else:
+        value = state["guards_expr"]
+        if value is None or isinstance(value, str):
+            guards_expr, guards_known = value, True
+        else:
+            reasons.append("guards_expr is not a str or None")
+
+    time_taken_ns: int | None = None
+    if "forward_time_taken_ns" in state or "backward_time_taken_ns" in state:
+        fw = state.get("forward_time_taken_ns")
+        bw = state.get("backward_time_taken_ns")
+        if _is_int(fw) and _is_int(bw):
+            time_taken_ns = fw + bw
+        else:
+            reasons.append("forward_time_taken_ns/backward_time_taken_ns are not both ints")
+    elif "_time_taken_ns" in state:
+        value = state["_time_taken_ns"]
+        if _is_int(value):
+            time_taken_ns = value
+        else:
+            reasons.append("_time_taken_ns is not an int" if value is not None else "_time_taken_ns is None")
+    else:
+        reasons.append(f"top-level object {result.describe()} has no time-taken field")
+
+    return EntryFields(guards_expr, guards_known, time_taken_ns, "; ".join(reasons) or None)

@@ -1,0 +1,195 @@
+"""Import of real Inductor cache directories (torch 2.13 CPU) and byte-identical export."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import pickle
+import shutil
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+
+from cachedb import CacheDB, ExportError, NotAnInductorCacheError
+from cachedb.exporter import export_cache_dir
+from cachedb.importer import Importer, scan
+from cachedb.keys import sha256_hash
+
+from ._realcache import build_real_cache
+
+CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus" / "cutlass" / "configs_b15d29dd.json.gz"
+
+
+def _files(cache_dir: Path) -> dict[str, list[Path]]:
+    items, problems, _ = scan(cache_dir)
+    assert problems == []
+    out: dict[str, list[Path]] = {}
+    for item in items:
+        out.setdefault(item.kind, []).append(item.path)
+    return out
+
+
+def _leaf_count(cache: dict) -> int:
+    return sum(_leaf_count(v) if isinstance(v, dict) and v else 1 for v in cache.values())
+
+
+@pytest.mark.slow
+def test_import_real_cache(real_cache: tuple[Path, dict], db: CacheDB) -> None:
+    cache_dir, _ = real_cache
+    files = _files(cache_dir)
+    assert files.get("fxgraph") and files.get("aotautograd") and files.get("cache") and files.get("best_config")
+
+    report = Importer(db).run(cache_dir)
+
+    assert report.problems == []
+    assert report.added["fxgraph"] == len(files["fxgraph"])
+    assert report.added["aotautograd"] == len(files["aotautograd"])
+    assert report.added["best_config"] == len(files["best_config"])
+    leaves = sum(_leaf_count(json.loads(p.read_text())["cache"]) for p in files["cache"])
+    assert report.added["autotune_timings"] > 0
+    assert report.added["autotune_timings"] + report.added["local_cache_values"] == leaves
+
+    with db.read() as repos:
+        stored = {(e.kind, e.key, e.variant): e for e in repos.guarded.iter_all()}
+        winners = repos.session.execute(text("SELECT op, choice_hash, timing_ms FROM autotune_winners")).all()
+    assert winners, "max-autotune timings must give at least one winner"
+    guarded_seen = 0
+    for kind in ("fxgraph", "aotautograd"):
+        for path in files[kind]:
+            entry = stored[(kind, path.parent.name, path.name)]
+            assert entry.payload == path.read_bytes()
+            # Trusted data we just built: unpickling here (only in the test) gives the truth.
+            expected = pickle.loads(path.read_bytes()).guards_expr
+            assert entry.guards_expr == expected
+            guarded_seen += expected is not None
+    assert guarded_seen > 0, "dynamic-shape workloads must store entries with guards"
+
+
+@pytest.mark.slow
+def test_reimport_is_idempotent(real_cache: tuple[Path, dict], sqlite_db: CacheDB) -> None:
+    cache_dir, _ = real_cache
+    first = Importer(sqlite_db).run(cache_dir)
+    second = Importer(sqlite_db).run(cache_dir)
+    assert sum(second.added.values()) == 0
+    assert second.unchanged == first.added
+    with sqlite_db.read() as repos:
+        n_timings = repos.session.execute(text("SELECT count(*) FROM autotune_timings")).scalar()
+    assert n_timings == first.added["autotune_timings"]
+
+
+@pytest.mark.slow
+def test_export_is_byte_identical(real_cache: tuple[Path, dict], db: CacheDB, tmp_path: Path) -> None:
+    cache_dir, _ = real_cache
+    Importer(db).run(cache_dir)
+    out = tmp_path / "exported"
+    report = export_cache_dir(db, out)
+    originals = {p.relative_to(cache_dir).as_posix(): p for ps in _files(cache_dir).values() for p in ps}
+    exported = {p.relative_to(out).as_posix(): p for ps in _files(out).values() for p in ps}
+    assert exported.keys() == originals.keys()
+    for rel, path in originals.items():
+        assert exported[rel].read_bytes() == path.read_bytes(), rel
+    assert sum(report.written.values()) == len(originals)
+    again = export_cache_dir(db, out)
+    assert sum(again.written.values()) == 0 and sum(again.unchanged.values()) == len(originals)
+
+
+@pytest.mark.slow
+def test_fresh_process_hits_from_exported_dir(
+    real_cache: tuple[Path, dict], sqlite_db: CacheDB, tmp_path: Path
+) -> None:
+    cache_dir, built = real_cache
+    Importer(sqlite_db).run(cache_dir)
+    out = tmp_path / "exported"
+    export_cache_dir(sqlite_db, out)
+    warm = build_real_cache(out)
+    counters = warm["counters"]
+    assert counters.get("fxgraph_cache_hit", 0) > 0
+    assert counters.get("fxgraph_cache_miss", 0) == 0
+    assert counters.get("autograd_cache_hit", 0) > 0
+    assert counters.get("autograd_cache_miss", 0) == 0
+
+
+def _copy_real(cache_dir: Path, dst: Path) -> Path:
+    shutil.copytree(cache_dir, dst)
+    return dst
+
+
+@pytest.mark.slow
+def test_bad_files_are_reported_and_the_rest_imports(
+    real_cache: tuple[Path, dict], sqlite_db: CacheDB, tmp_path: Path
+) -> None:
+    cache_dir = _copy_real(real_cache[0], tmp_path / "cache")
+    files = _files(cache_dir)
+    # A truncated pickle, named as Inductor would name its bytes (so only the pickle is bad).
+    victim = files["fxgraph"][0]
+    cut = victim.read_bytes()[: victim.stat().st_size // 2]
+    victim.unlink()
+    truncated = victim.parent / sha256_hash(cut)
+    truncated.write_bytes(cut)
+    # A renamed (or bit-flipped) entry: its name is not the hash of its bytes.
+    renamed = files["aotautograd"][0]
+    renamed.rename(renamed.parent / ("x" + renamed.name[1:]))
+    # Malformed JSON.
+    bad_json = files["best_config"][0]
+    bad_json.write_text('{"XBLOCK": 512, "num_warps"')
+    (cache_dir / "cache" / ("0" * 64)).write_text("not json")
+    # Unexpected names.
+    (cache_dir / "fxgraph" / "stray.txt").write_text("?")
+    (cache_dir / "cache" / "notes").write_text("?")
+
+    report = Importer(sqlite_db).run(cache_dir)
+
+    reasons = {p.path: p.reason for p in report.problems}
+    rel = lambda p: p.relative_to(cache_dir).as_posix()  # noqa: E731
+    assert set(reasons) == {
+        rel(truncated),
+        rel(renamed.parent / ("x" + renamed.name[1:])),
+        rel(bad_json),
+        f"cache/{'0' * 64}",
+        "fxgraph/stray.txt",
+        "cache/notes",
+    }
+    assert "pickle" in reasons[rel(truncated)].lower() or "truncat" in reasons[rel(truncated)].lower()
+    assert "JSON" in reasons[rel(bad_json)]
+    assert report.added["fxgraph"] == len(files["fxgraph"]) - 1
+    assert report.added["aotautograd"] == len(files["aotautograd"]) - 1
+    assert report.added["best_config"] == len(files["best_config"]) - 1
+    assert report.added["autotune_timings"] > 0
+
+
+def test_not_an_inductor_cache(tmp_path: Path, sqlite_db: CacheDB) -> None:
+    (tmp_path / "photos").mkdir()
+    (tmp_path / "photos" / "cat.jpg").write_bytes(b"\xff\xd8")
+    with pytest.raises(NotAnInductorCacheError, match="not an Inductor cache"):
+        Importer(sqlite_db).run(tmp_path / "photos")
+    with pytest.raises(NotAnInductorCacheError, match="not a directory"):
+        Importer(sqlite_db).run(tmp_path / "missing")
+
+
+def test_unwritable_export_target(tmp_path: Path, sqlite_db: CacheDB) -> None:
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    with pytest.raises(ExportError, match="a_file"):
+        export_cache_dir(sqlite_db, blocker / "sub")
+    with pytest.raises(ExportError, match="not a directory|cannot create"):
+        export_cache_dir(sqlite_db, blocker)
+    assert blocker.read_text() == "x"
+
+
+def test_cutlass_corpus_round_trip(tmp_path: Path, sqlite_db: CacheDB) -> None:
+    cache_dir = tmp_path / "cache"
+    cache_dir.mkdir()
+    original = gzip.decompress(CORPUS.read_bytes())
+    (cache_dir / "configs_b15d29dd.json").write_bytes(original)
+    report = Importer(sqlite_db).run(cache_dir)
+    assert report.problems == [] and report.added["cutlass_op_list"] == 1
+    with sqlite_db.read() as repos:
+        row = repos.session.execute(
+            text("SELECT op_count, arch, size_bytes FROM cutlass_op_lists WHERE request_key = 'b15d29dd'")
+        ).one()
+        n_ops = repos.session.execute(text("SELECT count(*) FROM cutlass_ops")).scalar()
+    assert tuple(row) == (21268, 90, 83_690_684) and n_ops == 21268
+    out = tmp_path / "exported"
+    export_cache_dir(sqlite_db, out)
+    assert (out / "configs_b15d29dd.json").read_bytes() == original
