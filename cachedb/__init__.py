@@ -4,6 +4,9 @@
 >>> db = CacheDB("inductor.db")            # created and migrated on first open
 >>> with db.read() as repos:
 ...     repos.guarded.count("fxgraph")
+
+>>> import cachedb
+>>> cachedb.install("inductor.db")         # torch.compile now reads and writes the database
 """
 
 from ._errors import (
@@ -23,6 +26,7 @@ from ._errors import (
 )
 from .db import CacheDB, Repos
 from .fingerprint import Fingerprint
+from .live import install, installed, is_installed, uninstall
 
 __version__ = "0.1.0"
 
@@ -44,4 +48,8 @@ __all__ = [
     "SchemaTooNewError",
     "TorchUnavailableError",
     "__version__",
+    "install",
+    "installed",
+    "is_installed",
+    "uninstall",
 ]

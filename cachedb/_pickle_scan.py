@@ -112,7 +112,6 @@ class _Opaque:
         self.kind = kind
 
 
-
 # --------------------------------------------------------------------------- the walk
 
 
@@ -151,8 +150,6 @@ def _scan_top_level(data: bytes, where: str) -> object:
         except StopIteration:
             # genops only stops after STOP, which returns below; reaching here means no STOP.
             raise fail("pickle ended before STOP") from None
-        except PickleScanError:
-            raise
         except Exception as exc:  # ValueError (truncated / unknown opcode), UnicodeDecodeError, ...
             msg = str(exc) or type(exc).__name__
             what = "truncated" if any(t in msg for t in _TRUNCATION_HINTS) else "malformed"

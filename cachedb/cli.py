@@ -251,6 +251,36 @@ def upgrade(obj: _Context) -> None:
         click.echo(f"{db.where}: schema revision {db.revision()}")
 
 
+@main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@pass_ctx
+def run(obj: _Context, command: tuple[str, ...]) -> None:
+    """Run a program with Inductor's caches served from the database.
+
+    The program and every Python process it starts (compile workers) store and find FX
+    graph and AOTAutograd entries, autotune timings, best configs and CUTLASS op lists in
+    the database instead of TORCHINDUCTOR_CACHE_DIR.
+
+    \b
+    Example:
+      cachedb --db inductor.db run -- python train.py --epochs 1
+    """
+    import os
+
+    from ._engine import default_location
+    from .live import child_environment
+
+    location = obj.location or default_location()
+    if "://" not in location:
+        location = os.path.abspath(os.path.expanduser(location))
+    env = child_environment(location)
+    try:
+        os.execvpe(command[0], list(command), env)
+    except OSError as exc:
+        err.print(f"[bold red]error:[/] cannot run {command[0]!r}: {exc.strerror}", highlight=False)
+        sys.exit(127)
+
+
 @main.command()
 @click.option("--format", "fmt", type=FORMATS, default="table", show_default=True)
 @pass_ctx

@@ -95,7 +95,7 @@ _BINARY_HASH_TYPES = frozenset({"cubin", "hsaco"})
 _TORCH_KEY_EXTRA_FILES = ("codegen/aoti_runtime/interface.cpp", "script.ld")
 
 # "<inputs>_<hint_override>" where <inputs> is a list repr and <hint_override> is str(int).
-_HINTED_INPUTS_KEY = re.compile(r"(.*\])_(-?(?:0|[1-9][0-9]*))", re.DOTALL)
+_HINTED_INPUTS_KEY = re.compile(r"(.*\])_(0|-?[1-9][0-9]*)", re.DOTALL)
 
 
 class _Hasher(Protocol):
@@ -365,7 +365,7 @@ def split_inputs_key(key: str) -> tuple[str, int | None]:
     Mirrors (inverts) torch/_inductor/codecache.py: PersistentCache.lookup's ``cache_key``.
 
     A key ending in ``"]_<int>"`` (``<int>`` as ``str(int)`` writes it: optional ``-``, no
-    leading zeros) is split at that last ``"_"``; any other key is returned whole with
+    leading zeros, never ``-0``) is split at that last ``"_"``; any other key is returned whole with
     ``None``. Exact: ``split_inputs_key(persistent_cache_inputs_key(i, h)) == (i, h)`` for
     every ``i`` ending in ``"]"`` (every list repr) and every ``h``, and
     ``persistent_cache_inputs_key(*split_inputs_key(k)) == k`` for every string ``k``.
@@ -490,9 +490,12 @@ def build_code_hash(
 
     Raises:
         TypeError: ``roots`` is a single string or None (torch would scan ``sys.path``).
-        BadInputError: a listed module has no file torch could open (e.g. a directory named
+        BadInputError: a listed module has no file torch could open (a directory named
             ``x.py``, or a package whose ``__init__.py`` is a directory: torch fails an
-            assertion there), or a module file cannot be read.
+            assertion there), a package whose ``__init__`` is a directory while a same-named
+            ``pkg.py`` exists (torch then hashes ``pkg.py`` and recurses into
+            ``pkgutil.iter_modules(None)``, i.e. all of ``sys.path``: not reproducible, so
+            refused here), or a module file cannot be read.
     """
     if roots is None or isinstance(roots, (str, bytes)):
         raise TypeError("build_code_hash: roots must be a sequence of directories")
@@ -534,6 +537,11 @@ def torch_key(torch_dir: str | os.PathLike[str], torch_version: str) -> bytes:
     _inductor/codegen/aoti_runtime/interface.cpp ‖ bytes of _inductor/script.ld)``, each
     extra file only if it exists. fbcode builds read ``torch/src_hash.txt`` instead (not
     mirrored).
+
+    Which files count as modules depends on the running interpreter's suffixes
+    (``importlib.machinery.EXTENSION_SUFFIXES``): torch's own ``_C.cpython-311-<platform>.so``
+    is hashed as module ``_C`` only by a CPython 3.11 of that platform. Compute the key with
+    the Python version (ABI tag) the torch installation is for, as torch itself does.
 
     Args:
         torch_dir: the installed ``torch`` package directory (``os.path.dirname(torch.__file__)``).
@@ -690,7 +698,7 @@ def best_config_relative_key(kernel_py: str, torch_key: bytes, cache_key_tag: st
 
 
 def _config_fields(config: object, index: int) -> tuple[Mapping[str, Any], Any, Any]:
-    if isinstance(config, tuple):
+    if isinstance(config, (tuple, list)):
         if len(config) != 3:
             raise BadInputError(f"configs[{index}]", "expected (kwargs, num_warps, num_stages)")
         kwargs, num_warps, num_stages = config
@@ -715,8 +723,9 @@ def configs_hash(configs: Iterable[object]) -> str:
     Values are formatted with Python's ``repr``/``str``, exactly as torch formats them.
 
     Args:
-        configs: each either a tuple ``(kwargs: dict, num_warps: int, num_stages: int)`` or
-            an object with ``.kwargs``, ``.num_warps``, ``.num_stages`` (a ``triton.Config``).
+        configs: each either a tuple (or list, as JSON gives it) ``(kwargs: dict,
+            num_warps: int, num_stages: int)`` or an object with ``.kwargs``,
+            ``.num_warps``, ``.num_stages`` (a ``triton.Config``).
 
     Returns:
         64 lower-case hex characters.

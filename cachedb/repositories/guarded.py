@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import functools
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from sqlalchemy import bindparam, func, insert, select, update
@@ -91,13 +92,19 @@ class GuardedEntryRepository:
         return variant, True
 
     def candidates(self, kind: str, key: str) -> list[tuple[str, bytes]]:
-        """``[(variant, payload bytes), ...]`` of ``key`` in Inductor's candidate order.
+        """``[(variant, payload bytes), ...]`` of ``key`` in Inductor's candidate order
+        (sorted variant names, as ``GuardedCache.iterate_over_candidates`` lists files).
 
         Raises :class:`~cachedb.CorruptPayloadError` for a payload that fails its checksum.
         """
+        return [(variant, load()) for variant, load in self.raw_candidates(kind, key)]
+
+    def raw_candidates(self, kind: str, key: str) -> list[tuple[str, Callable[[], bytes]]]:
+        """Like :meth:`candidates`, but each payload is decompressed and verified only when
+        its loader is called (raising :class:`~cachedb.CorruptPayloadError` then)."""
         rows = self.session.execute(_VARIANTS, {"kind": kind, "key": key}).all()
         out = [
-            (v, unpack(blob, size, digest, where=f"{kind}/{key}/{v}"))
+            (v, functools.partial(unpack, blob, size, digest, where=f"{kind}/{key}/{v}"))
             for v, blob, size, digest in rows
         ]
         out.sort(key=lambda item: item[0])

@@ -79,3 +79,30 @@ class LocalCacheValueRepository:
             ValueLeaf(tuple(json.loads(path)), json.loads(value_json), position)
             for path, (_id, value_json, position) in self._current(fingerprint_ids).items()
         ]
+
+
+_FOR_NAMESPACE = (
+    select(_V.c.key_path, _V.c.value_json)
+    .where(_V.c.fingerprint_id.in_(bindparam("fingerprint_ids", expanding=True)), _V.c.namespace == bindparam("ns"))
+    .order_by(_V.c.position, _V.c.updated_at, _V.c.id)
+)
+
+
+def current_for_namespace(session: Session, fingerprint_ids: list[int], namespace: str) -> tuple[bool, Any]:
+    """``(found, value)`` of the top-level ``LocalCache`` key ``namespace``, rebuilt from its
+    leaves (latest value per key path)."""
+    found = False
+    root: dict[str, Any] = {}
+    for key_path, value_json in session.execute(
+        _FOR_NAMESPACE, {"fingerprint_ids": fingerprint_ids, "ns": namespace}
+    ):
+        found = True
+        path = json.loads(key_path)
+        node = root
+        for key in path[:-1]:
+            nxt = node.get(key)
+            if not isinstance(nxt, dict):
+                nxt = node[key] = {}
+            node = nxt
+        node[path[-1]] = json.loads(value_json)
+    return found, root.get(namespace)

@@ -8,6 +8,7 @@ from sqlalchemy import bindparam, func, insert, select
 from sqlalchemy.orm import Session
 
 from .._local_cache_doc import TimingLeaf
+from ..keys import persistent_cache_inputs_key
 from ..models import AutotuneTiming, LocalCacheValue, utcnow
 
 _T = AutotuneTiming.__table__
@@ -156,3 +157,23 @@ class AutotuneTimingRepository:
                 fingerprint_ids
             ).items()
         ]
+
+
+# Hot path for the live backend: every timing of one op on the fingerprints of a system hash.
+_FOR_OP = (
+    select(_T.c.inputs, _T.c.hint_override, _T.c.precision, _T.c.choice_hash, _T.c.timing_ms)
+    .where(_T.c.fingerprint_id.in_(bindparam("fingerprint_ids", expanding=True)), _T.c.op == bindparam("op"))
+    .order_by(_T.c.position, _T.c.recorded_at, _T.c.id)
+)
+
+
+def current_for_op(session: Session, fingerprint_ids: list[int], op: str) -> dict[str, dict[str, dict[str, float]]]:
+    """``{inputs_key: {precision: {choice_hash: ms}}}`` of ``op``: what
+    ``PersistentCache.lookup`` reads under ``cache[op]``, latest value per choice."""
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for inputs, hint, precision, choice, ms in session.execute(
+        _FOR_OP, {"fingerprint_ids": fingerprint_ids, "op": op}
+    ):
+        key = persistent_cache_inputs_key(inputs, hint)
+        out.setdefault(key, {}).setdefault(precision, {})[choice] = ms
+    return out

@@ -1,0 +1,36 @@
+"""cachedb's activation hook for child processes (``CACHEDB_ENABLE=1``).
+
+This directory is put on ``PYTHONPATH`` by ``cachedb.install()`` and ``cachedb run``. When
+``CACHEDB_ENABLE=1``, cachedb is installed right after the process imports torch (nothing is
+imported before that, so Python processes that never use torch pay nothing). Any other
+``sitecustomize`` further down ``sys.path`` is still run.
+"""
+
+import importlib.util
+import os
+import sys
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _run_next_sitecustomize() -> None:
+    for entry in sys.path:
+        if not entry or os.path.abspath(entry) == _HERE:
+            continue
+        candidate = os.path.join(entry, "sitecustomize.py")
+        if os.path.isfile(candidate):
+            spec = importlib.util.spec_from_file_location("_cachedb_next_sitecustomize", candidate)
+            if spec is not None and spec.loader is not None:
+                spec.loader.exec_module(importlib.util.module_from_spec(spec))
+            return
+
+
+if os.environ.get("CACHEDB_ENABLE") == "1":
+    try:
+        from cachedb.live._autoload import arm
+
+        arm()
+    except Exception as exc:  # never break the interpreter's start
+        sys.stderr.write(f"cachedb: activation hook failed: {exc}\n")
+
+_run_next_sitecustomize()

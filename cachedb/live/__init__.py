@@ -1,0 +1,148 @@
+"""Serve ``torch.compile`` from the database: Inductor reads and writes cachedb, not files.
+
+Four ways to turn it on (all equivalent):
+
+- ``cachedb.install(path=None)`` in the process, before compiling;
+- ``with cachedb.installed(path): ...`` for a block (the seams are restored after it);
+- ``cachedb run [--db PATH] -- python train.py`` for a whole program;
+- ``CACHEDB_ENABLE=1`` (with ``CACHEDB_PATH`` or ``CACHEDB_URL``) and cachedb's bootstrap
+  directory on ``PYTHONPATH``: set by the three above, so processes torch starts (compile
+  workers) turn it on too when they import torch.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from .._engine import default_location, to_url
+from .._errors import TorchUnavailableError
+from . import _seams
+from ._seams import SeamMissingError
+from ._store import DEFAULT_LIVE_TIMEOUT_S, LiveStore
+
+log = logging.getLogger("cachedb.live")
+
+#: Environment variables read by processes started under an active cachedb.
+ENV_ENABLE = "CACHEDB_ENABLE"
+ENV_TIMEOUT = "CACHEDB_TIMEOUT"
+
+#: The directory holding cachedb's ``sitecustomize.py`` (activation in child processes).
+BOOTSTRAP_DIR = str(Path(__file__).resolve().parent.parent / "_bootstrap")
+
+_lock = threading.RLock()
+_active: tuple[LiveStore, list[_seams._Patch], dict[str, str | None]] | None = None
+
+
+def _location_env(location: str) -> dict[str, str]:
+    url = to_url(location)
+    if url.get_backend_name() == "sqlite" and url.database:
+        return {"CACHEDB_PATH": url.database}
+    return {"CACHEDB_URL": url.render_as_string(hide_password=False)}
+
+
+def child_environment(location: str, base: dict[str, str] | None = None) -> dict[str, str]:
+    """``base`` (default ``os.environ``) plus what makes a child process activate cachedb on
+    ``location`` when it imports torch."""
+    env = dict(os.environ if base is None else base)
+    env.pop("CACHEDB_PATH", None)
+    env.pop("CACHEDB_URL", None)
+    env.update(_location_env(location))
+    env[ENV_ENABLE] = "1"
+    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != BOOTSTRAP_DIR]
+    env["PYTHONPATH"] = os.pathsep.join([BOOTSTRAP_DIR, *paths])
+    return env
+
+
+def install(path: str | os.PathLike[str] | None = None, *, timeout_s: float | None = None) -> LiveStore:
+    """Make Inductor store and find its caches in the database at ``path``.
+
+    ``path`` is an SQLite file or SQLAlchemy URL (default: :func:`cachedb.default_location`).
+    ``timeout_s`` (seconds, default ``$CACHEDB_TIMEOUT`` or 10) bounds how long a lookup waits
+    on a locked database before it counts as a miss. Child processes inherit the activation
+    through the environment. Calling it again with another path switches databases.
+
+    Raises :class:`TorchUnavailableError` without torch, and :class:`SeamMissingError` when
+    the installed torch lacks a seam (nothing is patched then). A database that cannot be
+    opened does not raise: it logs one warning and every lookup is a miss.
+    """
+    global _active
+    location = os.fspath(path) if path is not None else default_location()
+    if "://" not in location:
+        location = str(Path(location).expanduser().resolve())
+    if timeout_s is None:
+        timeout_s = float(os.environ.get(ENV_TIMEOUT) or DEFAULT_LIVE_TIMEOUT_S)
+    try:
+        import torch  # noqa: F401
+    except ImportError as exc:
+        raise TorchUnavailableError(f"cachedb.install needs torch: {exc}") from exc
+    with _lock:
+        if _active is not None:
+            if _active[0].location == location:
+                return _active[0]
+            uninstall()
+        store = LiveStore(location, timeout_s=timeout_s)
+        patches = _seams.build(store)
+        _seams.apply(patches)
+        previous = {k: os.environ.get(k) for k in ("CACHEDB_PATH", "CACHEDB_URL", ENV_ENABLE, "PYTHONPATH")}
+        child = child_environment(location)
+        for key in previous:
+            if key in child:
+                os.environ[key] = child[key]
+            else:
+                os.environ.pop(key, None)
+        _active = (store, patches, previous)
+        store.safely("opening the database", None, lambda: store.db)
+        log.info("cachedb: serving Inductor caches from %s", location)
+        return store
+
+
+def uninstall() -> None:
+    """Restore torch's own file caches and the environment ``install`` changed."""
+    global _active
+    with _lock:
+        if _active is None:
+            return
+        store, patches, previous = _active
+        _seams.restore(patches)
+        for key, value in previous.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        store.close()
+        _active = None
+
+
+def is_installed() -> bool:
+    return _active is not None
+
+
+def active_store() -> LiveStore | None:
+    return _active[0] if _active is not None else None
+
+
+@contextmanager
+def installed(path: str | os.PathLike[str] | None = None, *, timeout_s: float | None = None) -> Iterator[LiveStore]:
+    """``with cachedb.installed("cache.db"): model = torch.compile(model); model(x)``."""
+    store = install(path, timeout_s=timeout_s)
+    try:
+        yield store
+    finally:
+        uninstall()
+
+
+__all__ = [
+    "BOOTSTRAP_DIR",
+    "SeamMissingError",
+    "active_store",
+    "child_environment",
+    "install",
+    "installed",
+    "is_installed",
+    "uninstall",
+]

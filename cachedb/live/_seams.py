@@ -1,0 +1,273 @@
+"""The torch seams cachedb replaces (formats doc §5), checked before anything is patched.
+
+=====================================================  ==========================================
+seam (torch 2.11 / 2.13)                               served from
+=====================================================  ==========================================
+``FxGraphCache._write_to_local_cache``                  ``guarded_entries`` (kind ``fxgraph``)
+``FxGraphCache.iterate_over_candidates`` (local part)   ``guarded_entries``
+``AOTAutogradCache._write_to_local_cache``              ``guarded_entries`` (kind ``aotautograd``)
+``AOTAutogradCache.iterate_over_candidates``            ``guarded_entries``
+``CacheBase.get_local_cache`` / ``update_local_cache``   ``autotune_timings``, ``local_cache_values``
+``LocalCache.lookup``                                   same (fixed: several keys work)
+``LocalAutotuneCache.backend_override_cls``             ``best_configs``
+``AutotuneCacheArtifact.populate_cache`` (Mega-Cache)    ``best_configs``
+``maybe_fetch_ops`` (codegen/cutlass/cache.py and its   ``cutlass_op_lists``
+import in gemm_template.py)
+=====================================================  ==========================================
+
+All of them or none: :func:`apply` raises :class:`SeamMissingError` before touching anything
+when one is missing (another torch version moved it).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import json
+import logging
+import os
+import pickle
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from .._errors import CacheDBError
+from ._store import LazyLocalCache, LiveStore
+
+log = logging.getLogger("cachedb.live")
+
+#: Where ``maybe_fetch_ops`` lives: torch >= 2.11, then 2.9/2.10.
+_CUTLASS_MODULES = (
+    ("torch._inductor.codegen.cutlass.cache", "torch._inductor.codegen.cutlass.gemm_template",
+     "torch._inductor.codegen.cutlass.utils", "cutlass"),
+    ("torch._inductor.codegen.cuda.cutlass_cache", "torch._inductor.codegen.cuda.gemm_template",
+     "torch._inductor.codegen.cuda.cutlass_utils", "cuda"),
+)
+
+
+class SeamMissingError(CacheDBError):
+    """The installed torch lacks a seam cachedb needs; nothing was patched."""
+
+
+@dataclass
+class _Patch:
+    owner: Any
+    name: str
+    new: Any
+    old: Any = None
+    had_own: bool = False
+
+    def apply(self) -> None:
+        self.had_own = self.name in vars(self.owner) if isinstance(self.owner, type) else True
+        self.old = vars(self.owner)[self.name] if self.had_own else None
+        setattr(self.owner, self.name, self.new)
+
+    def restore(self) -> None:
+        if self.had_own:
+            setattr(self.owner, self.name, self.old)
+        else:
+            delattr(self.owner, self.name)
+
+
+def _require(module: str, *attrs: str) -> Any:
+    try:
+        mod = importlib.import_module(module)
+    except ImportError as exc:
+        raise SeamMissingError(f"torch seam missing: cannot import {module} ({exc})") from exc
+    obj: Any = mod
+    for attr in attrs:
+        if not hasattr(obj, attr):
+            raise SeamMissingError(f"torch seam missing: {module}.{'.'.join(attrs)}")
+        obj = getattr(obj, attr)
+    return obj
+
+
+def _cache_dir() -> str:
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    return cache_dir()
+
+
+def best_config_key(path: str) -> str:
+    """A best config's key: its path relative to ``cache_dir()`` (``"<k[1:3]>/<name>.best_config"``),
+    so one database serves any cache directory; an absolute path if it lies elsewhere."""
+    root = os.path.abspath(_cache_dir())
+    full = os.path.abspath(path)
+    if os.path.commonpath([root, full]) == root:
+        return os.path.relpath(full, root).replace(os.sep, "/")
+    return full
+
+
+def _guarded_seams(store: LiveStore, cls: type, kind: str, base_iterate: Callable[..., Any]) -> list[_Patch]:
+    def write_to_local_cache(key: str, content: bytes) -> None:
+        store.guarded_put(kind, key, content)
+
+    def iterate_over_candidates(
+        klass: type, local: bool, remote_cache: Any, key: str
+    ) -> Iterator[tuple[Any, bytes, bool]]:
+        if local:
+            for variant, content in store.guarded_candidates(kind, key):
+                try:
+                    entry = pickle.loads(content)
+                except Exception as exc:  # same policy as Inductor's own loop
+                    store.warn_once(f"{kind} unpickle", exc)
+                    continue
+                yield entry, content, True
+        if remote_cache:
+            yield from base_iterate(klass, False, remote_cache, key)
+
+    return [
+        _Patch(cls, "_write_to_local_cache", staticmethod(write_to_local_cache)),
+        _Patch(cls, "iterate_over_candidates", classmethod(iterate_over_candidates)),
+    ]
+
+
+def _local_cache_seams(store: LiveStore) -> list[_Patch]:
+    codecache = _require("torch._inductor.codecache")
+    CacheBase = _require("torch._inductor.codecache", "CacheBase")
+    LocalCache = _require("torch._inductor.codecache", "LocalCache")
+    _require("torch._inductor.codecache", "CacheBase", "update_local_cache")
+    _require("torch._inductor.codecache", "LocalCache", "lookup")
+    del codecache
+
+    def get_local_cache(self: Any) -> dict[str, Any]:
+        return store.local_cache(CacheBase.get_system()["hash"])
+
+    def update_local_cache(self: Any, local_cache: dict[str, Any]) -> None:
+        served = local_cache.served if isinstance(local_cache, LazyLocalCache) else {}
+        store.write_changes(local_cache, served)
+        if isinstance(local_cache, LazyLocalCache):
+            local_cache.mark_written()
+
+    def lookup(self: Any, *keys: str) -> Any:
+        """``LocalCache.lookup`` with its multi-key bug fixed (it tested ``key in cache``)."""
+        sub_cache: Any = self.get_local_cache()
+        for key in keys:
+            if isinstance(sub_cache, dict) and key in sub_cache:
+                sub_cache = sub_cache[key]
+            else:
+                return None
+        return sub_cache
+
+    return [
+        _Patch(CacheBase, "get_local_cache", get_local_cache),
+        _Patch(CacheBase, "update_local_cache", update_local_cache),
+        _Patch(LocalCache, "lookup", lookup),
+    ]
+
+
+def _best_config_seams(store: LiveStore) -> list[_Patch]:
+    LocalAutotuneCache = _require("torch._inductor.remote_cache", "LocalAutotuneCache")
+    RemoteCacheBackend = _require("torch._inductor.remote_cache", "RemoteCacheBackend")
+    AutotuneCacheArtifact = _require("torch._inductor.runtime.autotune_cache", "AutotuneCacheArtifact")
+    _require("torch._inductor.runtime.autotune_cache", "AutotuneCacheArtifact", "populate_cache")
+
+    class CacheDBBestConfigBackend(RemoteCacheBackend):  # type: ignore[misc, valid-type]
+        """``LocalAutotuneCache``'s backend: keys are absolute ``.best_config`` paths."""
+
+        def _get(self, key: str) -> bytes | None:
+            return store.best_config_get(best_config_key(key))
+
+        def _put(self, key: str, data: bytes) -> None:
+            store.best_config_put(best_config_key(key), data)
+
+    def populate_cache(self: Any) -> None:
+        content = self.content if isinstance(self.content, bytes) else bytes(self.content)
+        store.best_config_put(self.key, content)
+
+    return [
+        _Patch(LocalAutotuneCache, "backend_override_cls", CacheDBBestConfigBackend),
+        _Patch(AutotuneCacheArtifact, "populate_cache", populate_cache),
+    ]
+
+
+def _cutlass_seams(store: LiveStore) -> list[_Patch]:
+    for cache_mod, gemm_mod, utils_mod, config_ns in _CUTLASS_MODULES:
+        try:
+            cache = importlib.import_module(cache_mod)
+            utils = importlib.import_module(utils_mod)
+        except ImportError:
+            continue
+        break
+    else:
+        raise SeamMissingError("torch seam missing: no CUTLASS op cache module (maybe_fetch_ops)")
+    original = getattr(cache, "maybe_fetch_ops", None)
+    if original is None:
+        raise SeamMissingError(f"torch seam missing: {cache_mod}.maybe_fetch_ops")
+    original_fn = getattr(original, "__wrapped__", original)
+
+    @functools.cache
+    def maybe_fetch_ops(device_type: str) -> list[Any] | None:
+        """Mirrors ``maybe_fetch_ops`` (torch/_inductor/codegen/cutlass/cache.py), reading the
+        op list from the database first, then from the file as torch does."""
+        import torch._inductor.config as config
+
+        if store.closed:  # uninstalled, but gemm_template imported this function meanwhile
+            return original_fn(device_type)
+        if config.force_disable_caches:
+            return None
+
+        def from_db() -> list[Any] | None:
+            arch = utils.cutlass_arch(device_type)
+            version = utils.toolkit_version(device_type) if hasattr(utils, "toolkit_version") else None
+            if version is None:  # torch 2.9/2.10
+                version = utils.get_cuda_version() if hasattr(utils, "get_cuda_version") else None
+            if device_type == "cuda" and version:
+                version = ".".join(str(version).split(".")[:2])
+            level = getattr(config, config_ns).cutlass_instantiation_level
+            request_key = cache.get_config_request_key(arch, version, level)
+            data = store.cutlass_get(request_key)
+            if data is None:
+                return None
+            serialized = json.loads(data)
+            serializer_mod = importlib.import_module(cache_mod.rsplit(".", 1)[0] + ".serialization")
+            serializer = serializer_mod.get_cutlass_operation_serializer()
+            return [serializer.deserialize(x) for x in serialized]
+
+        ops = store.safely("CUTLASS op list lookup", None, from_db)
+        return ops if ops is not None else original_fn(device_type)
+
+    patches = [_Patch(cache, "maybe_fetch_ops", maybe_fetch_ops)]
+    # gemm_template imports the name; if it is not imported yet it will pick up the patched
+    # function from the cache module (importing it here would be a circular import).
+    gemm = sys.modules.get(gemm_mod)
+    if gemm is not None and hasattr(gemm, "maybe_fetch_ops"):
+        patches.append(_Patch(gemm, "maybe_fetch_ops", maybe_fetch_ops))
+    return patches
+
+
+def build(store: LiveStore) -> list[_Patch]:
+    """Every patch for the installed torch. Raises :class:`SeamMissingError` if one is missing."""
+    FxGraphCache = _require("torch._inductor.codecache", "FxGraphCache")
+    GuardedCache = _require("torch._inductor.codecache", "GuardedCache")
+    AOTAutogradCache = _require("torch._functorch._aot_autograd.autograd_cache", "AOTAutogradCache")
+    for cls in (FxGraphCache, AOTAutogradCache):
+        for attr in ("_write_to_local_cache", "iterate_over_candidates"):
+            if not hasattr(cls, attr):
+                raise SeamMissingError(f"torch seam missing: {cls.__name__}.{attr}")
+    base_iterate = vars(GuardedCache)["iterate_over_candidates"].__func__
+    patches: list[_Patch] = []
+    patches += _guarded_seams(store, FxGraphCache, "fxgraph", base_iterate)
+    patches += _guarded_seams(store, AOTAutogradCache, "aotautograd", base_iterate)
+    patches += _local_cache_seams(store)
+    patches += _best_config_seams(store)
+    patches += _cutlass_seams(store)
+    return patches
+
+
+def apply(patches: list[_Patch]) -> None:
+    done: list[_Patch] = []
+    try:
+        for patch in patches:
+            patch.apply()
+            done.append(patch)
+    except BaseException:
+        for patch in reversed(done):
+            patch.restore()
+        raise
+
+
+def restore(patches: list[_Patch]) -> None:
+    for patch in reversed(patches):
+        patch.restore()
