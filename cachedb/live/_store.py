@@ -29,6 +29,10 @@ T = TypeVar("T")
 DEFAULT_LIVE_TIMEOUT_S = 10.0
 
 
+class _Unavailable(Exception):
+    """The database could not be opened; already warned about, every call is a miss."""
+
+
 class LiveStore:
     """The database behind the seams of one process (opened lazily, on first use)."""
 
@@ -40,14 +44,24 @@ class LiveStore:
         self._fingerprint: tuple[int, int, str] | None = None  # (pid, id, system hash)
         self._warned: set[str] = set()
         self.closed = False
+        self._open_failed = False
 
     # -- plumbing ---------------------------------------------------------------------------
 
     @property
     def db(self) -> CacheDB:
+        """The database, opened on first use. If opening fails, that is warned about once
+        and the store stays unavailable for the rest of the process (every call a miss)."""
         with self._lock:
             if self._db is None:
-                self._db = CacheDB(self.location, busy_timeout_s=self.timeout_s)
+                if self._open_failed:
+                    raise _Unavailable()
+                try:
+                    self._db = CacheDB(self.location, busy_timeout_s=self.timeout_s)
+                except Exception as exc:
+                    self._open_failed = True
+                    self.warn_once("opening the database", exc)
+                    raise _Unavailable() from exc
             return self._db
 
     def close(self) -> None:
@@ -69,6 +83,8 @@ class LiveStore:
     def safely(self, what: str, default: T, fn: Callable[[], T]) -> T:
         try:
             return fn()
+        except _Unavailable:
+            return default
         except Exception as exc:  # the cache must never break a compile
             self.warn_once(what, exc)
             return default

@@ -1,0 +1,317 @@
+"""torch.compile served by cachedb: real compiles, fresh processes, concurrent writers, faults."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+
+from cachedb import CacheDB
+
+torch = pytest.importorskip("torch")
+
+ROOT = Path(__file__).resolve().parents[1]
+BUILDER = ROOT / "examples" / "build_cache.py"
+CACHE_KINDS = ("fxgraph", "aotautograd", "cache")
+
+
+def _cachedb_run(db: Path, cache_dir: Path) -> dict:
+    """``cachedb --db DB run -- python examples/build_cache.py CACHE_DIR --json``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CACHEDB_")}
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir)
+    proc = subprocess.run(
+        [sys.executable, "-m", "cachedb", "--db", str(db), "run", "--",
+         sys.executable, str(BUILDER), str(cache_dir), "--json"],
+        capture_output=True, text=True, env=env, timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _leftovers(cache_dir: Path) -> list[str]:
+    found = [k for k in CACHE_KINDS if (cache_dir / k).exists()]
+    found += [p.relative_to(cache_dir).as_posix() for p in cache_dir.rglob("*.best_config")]
+    return found
+
+
+@pytest.fixture(scope="module")
+def warm_db(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, dict]:
+    """A DB filled by one ``cachedb run`` of the workloads, then a second run on a new,
+    empty cache dir. Returns (db path, cold summary, warm summary)."""
+    root = tmp_path_factory.mktemp("live")
+    db = root / "cache.db"
+    cold = _cachedb_run(db, root / "cold")
+    assert _leftovers(root / "cold") == []
+    warm = _cachedb_run(db, root / "warm")
+    assert _leftovers(root / "warm") == []
+    return db, cold, warm
+
+
+@pytest.mark.slow
+def test_compile_writes_only_to_the_db(warm_db: tuple[Path, dict, dict]) -> None:
+    db_path, cold, _ = warm_db
+    c = cold["counters"]
+    assert c["fxgraph_cache_miss"] == 5 and c["autograd_cache_miss"] == 4
+    assert c.get("select_algorithm_autotune", 0) == 1
+    db = CacheDB(db_path)
+    with db.read() as repos:
+        kinds = dict(repos.session.execute(text("SELECT kind, count(*) FROM guarded_entries GROUP BY kind")).all())
+        timings = repos.session.execute(text("SELECT count(*) FROM autotune_timings")).scalar()
+        configs = repos.session.execute(text("SELECT key FROM best_configs")).scalars().all()
+        fingerprints = repos.session.execute(
+            text("SELECT torch_version, torch_key, cpu_model FROM system_fingerprints")
+        ).all()
+        # The dynamic-shape key gained a second guarded variant on the guard miss.
+        variants = repos.session.execute(
+            text("SELECT kind, count(*) FROM guarded_entries GROUP BY kind, key HAVING count(*) = 2")
+        ).all()
+    db.close()
+    assert kinds == {"fxgraph": 5, "aotautograd": 4}
+    assert timings >= 2
+    assert configs == [cold["workloads"]["best_config"]["best_config"]]
+    assert len(fingerprints) == 1 and fingerprints[0][0] == torch.__version__ and fingerprints[0][1]
+    assert sorted(k for k, _ in variants) == ["aotautograd", "fxgraph"]
+
+
+@pytest.mark.slow
+def test_fresh_process_on_a_new_cache_dir_is_served_from_the_db(warm_db: tuple[Path, dict, dict]) -> None:
+    _, _, warm = warm_db
+    c = warm["counters"]
+    assert c["fxgraph_cache_hit"] == 5 and c.get("fxgraph_cache_miss", 0) == 0
+    assert c["autograd_cache_hit"] == 4 and c.get("autograd_cache_miss", 0) == 0
+    assert c.get("autograd_cache_guard_miss", 0) == 0
+    assert "select_algorithm_autotune" not in c, "autotuning must be served from the DB"
+    assert not any(k.startswith("benchmarking.") for k in c)
+    best = warm["workloads"]["best_config"]
+    assert best["read_before_save"] == {"kwargs": {"XBLOCK": 512}, "num_warps": 2}
+
+
+def _run_python(code: str, env_extra: dict[str, str], timeout: int = 600) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CACHEDB_")}
+    env.update(env_extra)
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          env=env, timeout=timeout)
+
+
+_TIMINGS_WORKER = """
+    import sys, cachedb, torch
+    from torch._inductor.codecache import PersistentCache
+    db, worker, n_ops = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    cachedb.install(db)
+
+    class Choice:  # what PersistentCache.lookup needs of a ChoiceCaller
+        def __init__(self, name): self.name = name
+        def hash_key(self): return self.name
+
+    choices = [Choice("aten"), Choice("cpp")]
+    for i in range(n_ops):
+        op = f"mm_w{worker}_{i}"
+        got = PersistentCache().lookup(choices, op, "[('cpu', 'torch.float32', 8, 8, 8, 1, 0)]",
+                                       lambda cs: {c: worker + i / 1000 + (c.name == 'cpp') for c in cs})
+        assert len(got) == 2
+"""
+
+
+@pytest.mark.slow
+def test_concurrent_processes_never_lose_timings(tmp_path: Path) -> None:
+    db = tmp_path / "timings.db"
+    CacheDB(db).close()
+    script = tmp_path / "worker.py"
+    script.write_text(textwrap.dedent(_TIMINGS_WORKER))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CACHEDB_")}
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path / "inductor")
+    workers, n_ops = 4, 15
+    procs = [
+        subprocess.Popen([sys.executable, str(script), str(db), str(w), str(n_ops)], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for w in range(workers)
+    ]
+    for p in procs:
+        _, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err[-3000:]
+    assert not (tmp_path / "inductor" / "cache").exists()
+    database = CacheDB(db)
+    with database.read() as repos:
+        rows = repos.session.execute(text("SELECT op, choice_hash, timing_ms FROM autotune_timings")).all()
+    database.close()
+    assert len(rows) == workers * n_ops * 2
+    expected = {
+        (f"mm_w{w}_{i}", c, w + i / 1000 + (c == "cpp")) for w in range(workers) for i in range(n_ops) for c in ("aten", "cpp")
+    }
+    assert set(map(tuple, rows)) == expected
+
+
+def test_rebenchmark_adds_history_and_lookup_sees_the_latest(tmp_path: Path) -> None:
+    db = tmp_path / "h.db"
+    result = _run_python(
+        f"""
+        import cachedb
+        from torch._inductor.codecache import PersistentCache
+        cachedb.install({str(db)!r})
+        class C:
+            def __init__(s, n): s.n = n
+            def hash_key(s): return s.n
+        inputs = "[('cpu', 'torch.float32', 4, 4, 4, 1, 0)]"
+        first = PersistentCache().lookup([C("a"), C("b")], "mm", inputs, lambda cs: {{c: 1.0 for c in cs}})
+        # A new choice misses, so Inductor re-benchmarks every choice and writes them all.
+        second = PersistentCache().lookup([C("a"), C("b"), C("c")], "mm", inputs,
+                                          lambda cs: {{c: 0.5 for c in cs}})
+        served = PersistentCache().lookup([C("a"), C("b"), C("c")], "mm", inputs, None)
+        print({{c.n: t for c, t in served.items()}})
+        """,
+        {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "ind")},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().splitlines()[-1] == "{'a': 0.5, 'b': 0.5, 'c': 0.5}"
+    database = CacheDB(db)
+    with database.read() as repos:
+        history = repos.session.execute(
+            text("SELECT choice_hash, count(*) FROM autotune_history GROUP BY choice_hash ORDER BY choice_hash")
+        ).all()
+    database.close()
+    assert [tuple(r) for r in history] == [("a", 2), ("b", 2), ("c", 1)]
+
+
+def test_local_cache_lookup_with_several_keys(tmp_path: Path) -> None:
+    result = _run_python(
+        f"""
+        import cachedb
+        from torch._inductor.codecache import LocalCache
+        LocalCache().set_value("pad_mm", "shape_key", value=True)
+        print("files:", LocalCache().lookup("pad_mm", "shape_key"))
+        cachedb.install({str(tmp_path / 'lc.db')!r})
+        LocalCache().set_value("pad_mm", "shape_key", value=True)
+        LocalCache().set_value("pad_mm", "other", value=[1, 2])
+        print("cachedb:", LocalCache().lookup("pad_mm", "shape_key"), LocalCache().lookup("pad_mm", "other"),
+              LocalCache().lookup("pad_mm", "missing"), LocalCache().lookup("pad_mm"))
+        """,
+        {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "ind")},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.strip().splitlines()
+    assert lines[-2] == "files: None"  # Inductor's own multi-key lookup always misses
+    assert lines[-1] == "cachedb: True [1, 2] None {'shape_key': True, 'other': [1, 2]}"
+
+
+_COMPILE = """
+    import logging, sys, cachedb, torch
+    logging.basicConfig(level=logging.WARNING, format="%(name)s %(levelname)s %(message)s")
+    from torch._dynamo.utils import counters
+    cachedb.install(sys.argv[1], timeout_s=float(sys.argv[2]))
+    def f(x):
+        return torch.sin(x) * 2 + 1
+    for n in (4, 5):
+        torch._dynamo.reset()
+        out = torch.compile(f)(torch.ones(n))
+        assert torch.allclose(out, torch.sin(torch.ones(n)) * 2 + 1)
+    print(dict(counters["inductor"]))
+"""
+
+
+def _compile_with(db: str, tmp_path: Path, timeout_s: float = 1.0) -> subprocess.CompletedProcess[str]:
+    script = tmp_path / "compile.py"
+    script.write_text(textwrap.dedent(_COMPILE))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CACHEDB_")}
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path / "ind")
+    return subprocess.run([sys.executable, str(script), db, str(timeout_s)], capture_output=True, text=True,
+                          env=env, timeout=600)
+
+
+@pytest.mark.slow
+def test_unopenable_db_warns_once_and_compiles(tmp_path: Path) -> None:
+    notes = tmp_path / "notes.db"
+    notes.write_bytes(b"not a database at all" * 10)
+    result = _compile_with(str(notes), tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    warnings = [l for l in result.stderr.splitlines() if l.startswith("cachedb.live WARNING")]
+    assert len(warnings) == 1 and "not an SQLite database" in warnings[0]
+    assert notes.read_bytes() == b"not a database at all" * 10
+    assert "fxgraph_cache_miss" in result.stdout
+
+
+@pytest.mark.slow
+def test_locked_db_past_timeout_is_a_miss(tmp_path: Path) -> None:
+    db = tmp_path / "locked.db"
+    CacheDB(db).close()
+    import sqlite3
+
+    holder = sqlite3.connect(db, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        result = _compile_with(str(db), tmp_path, timeout_s=0.2)
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert result.returncode == 0, result.stderr[-3000:]
+    warned = [l for l in result.stderr.splitlines() if l.startswith("cachedb.live WARNING")]
+    assert warned and all("locked" in l for l in warned)
+    assert len(warned) == len(set(l.split(" failed")[0] for l in warned)), "one warning per kind"
+
+
+@pytest.mark.slow
+def test_corrupt_payload_is_a_miss(tmp_path: Path) -> None:
+    db = tmp_path / "c.db"
+    first = _compile_with(str(db), tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    database = CacheDB(db)
+    with database.engine.begin() as conn:
+        n = conn.execute(text("UPDATE guarded_entries SET checksum = 'bad'")).rowcount
+    database.close()
+    assert n > 0
+    second = _compile_with(str(db), tmp_path)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "fxgraph_cache_hit" not in second.stdout
+    assert any("payload check failed" in l and "checksum" in l for l in second.stderr.splitlines())
+
+
+def test_missing_seam_refuses_to_install(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import cachedb
+    from torch._inductor import codecache
+    from torch._inductor.remote_cache import LocalAutotuneCache
+
+    before = (vars(codecache.FxGraphCache)["_write_to_local_cache"], LocalAutotuneCache.backend_override_cls)
+    # Another torch version without this seam: install must refuse and patch nothing.
+    monkeypatch.delattr(codecache.LocalCache, "lookup")
+    with pytest.raises(cachedb.live.SeamMissingError, match="LocalCache"):
+        cachedb.install(tmp_path / "x.db")
+    assert not cachedb.is_installed()
+    assert (vars(codecache.FxGraphCache)["_write_to_local_cache"], LocalAutotuneCache.backend_override_cls) == before
+
+
+def test_installed_restores_seams_and_environment(tmp_path: Path) -> None:
+    import cachedb
+    from torch._inductor import codecache
+
+    before = codecache.FxGraphCache.iterate_over_candidates.__func__  # inherited from GuardedCache
+    env_before = {k: os.environ.get(k) for k in ("CACHEDB_ENABLE", "PYTHONPATH", "CACHEDB_PATH")}
+    with cachedb.installed(tmp_path / "ctx.db"):
+        assert cachedb.is_installed()
+        assert codecache.FxGraphCache.iterate_over_candidates.__func__ is not before
+        assert os.environ["CACHEDB_ENABLE"] == "1"
+        assert os.environ["CACHEDB_PATH"] == str(tmp_path / "ctx.db")
+        assert os.environ["PYTHONPATH"].split(os.pathsep)[0] == cachedb.live.BOOTSTRAP_DIR
+    assert not cachedb.is_installed()
+    assert codecache.FxGraphCache.iterate_over_candidates.__func__ is before
+    assert "iterate_over_candidates" not in vars(codecache.FxGraphCache)
+    assert {k: os.environ.get(k) for k in env_before} == env_before
+
+
+def test_environment_variable_activates_child_processes(tmp_path: Path) -> None:
+    """What compile workers get: CACHEDB_ENABLE=1 and the bootstrap on PYTHONPATH."""
+    from cachedb.live import child_environment
+
+    env = child_environment(str(tmp_path / "env.db"), base={k: v for k, v in os.environ.items()
+                                                             if not k.startswith("CACHEDB_")})
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path / "ind")
+    code = "import cachedb, torch; s = cachedb.live.active_store(); print(cachedb.is_installed(), s and s.location)"
+    no_torch = "import sys, cachedb; print('torch' in sys.modules, cachedb.is_installed())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert out.stdout.split() == ["True", str(tmp_path / "env.db")]
+    out = subprocess.run([sys.executable, "-c", no_torch], capture_output=True, text=True, env=env, check=True)
+    assert out.stdout.split() == ["False", "False"], "nothing is imported until the process imports torch"
