@@ -4,6 +4,11 @@ Run with the torch the vectors are for (2.13.0) installed:
 
     python tests/data/make_key_vectors.py            # writes tests/data/key_vectors.json
 
+The ``gpu`` section (``backend_hash``, a real GPU ``get_system()``) needs Triton and a GPU.
+On such a machine ``make_key_vectors.py --gpu-only gpu.json`` writes just that section;
+``make_key_vectors.py --gpu-from gpu.json`` then uses it here. Without either, the section
+already in key_vectors.json is kept.
+
 Every expected value below comes from torch's own code, called on a fixed list of inputs:
 plain functions directly (``codecache.sha256_hash``, ``code_hash``, ``get_path``,
 ``get_hash``, ``build_code_hash``, ``hash_configs``, ``_comment_stripped_hash``,
@@ -29,7 +34,6 @@ import inspect
 import json
 import os
 import random
-import shutil
 import sys
 import tempfile
 import zlib
@@ -111,14 +115,16 @@ TREES: list[dict[str, Any]] = [
     {"_inductor/codegen/aoti_runtime/interface.cpp": "// iface\n", "_inductor/script.ld": "SECTIONS {}\n",
      "_inductor/__init__.py": "", "_inductor/codecache.py": "cc", "__init__.py": "torch", "version.py": "v"},
 ]
-#: Trees torch refuses (its build_code_hash fails an assertion): a directory named like a module.
+#: Trees torch refuses (its build_code_hash fails an assertion): a directory named like a
+#: module, and a package whose __init__.py is a directory. (With a same-named pkg.py beside
+#: the latter torch does not fail but hashes all of sys.path: no vector can be made of that.)
 BAD_TREES: list[dict[str, Any]] = [
     {"bad.py": None},
-    {"pkg/__init__.py": None, "pkg.py": "x"},
+    {"pkg/__init__.py": None},
 ]
 
 
-def main() -> None:
+def main(gpu_from: Path | None = None) -> None:
     import torch
     from torch._inductor import codecache, config
     from torch._inductor import utils as inductor_utils
@@ -560,38 +566,73 @@ def main() -> None:
     out["cutedsl_kernel_name"] = cute_cases
 
     # ---- GPU-only: backend_hash and a real get_system() -------------------------------------
-    out["gpu"] = gpu_section(torch, codecache)
+    out["gpu"] = gpu_section(torch, codecache, gpu_from)
 
     OUT.write_text(json.dumps(out, indent=1, ensure_ascii=True, sort_keys=False) + "\n")
     print(f"wrote {OUT} ({OUT.stat().st_size} bytes)")
 
 
-def gpu_section(torch: Any, codecache: Any) -> dict[str, Any] | None:
-    """``backend_hash`` and ``get_system()`` from a machine with a GPU and Triton, else the
-    section already in the output file (recorded there with the torch and device it came from)."""
+def measure_gpu(torch: Any, codecache: Any) -> dict[str, Any] | None:
+    """``triton_hash_with_backend()`` and ``CacheBase.get_system()`` on this machine, with the
+    source of both functions (so a section made with another torch can be compared with 2.13's)."""
     from torch._inductor.runtime.triton_compat import HAS_TRITON
 
-    if HAS_TRITON and torch.cuda.is_available():
-        import torch.utils._triton as tu
-        from torch._inductor.runtime.triton_compat import triton_key
+    if not (HAS_TRITON and torch.cuda.is_available()):
+        return None
+    import torch.utils._triton as tu
+    from torch._inductor.runtime.triton_compat import triton_key
 
-        backend = tu.triton_backend()
-        props = torch.cuda.get_device_properties(torch.cuda.current_device())
-        codecache.CacheBase.get_system.cache_clear()
-        return {
-            "torch_version": str(torch.__version__),
-            "device": props.name,
-            "triton_key": triton_key(),
-            "backend_hash_input": backend.hash(),
-            "backend_hash": tu.triton_hash_with_backend(),
-            "system": codecache.CacheBase.get_system(),
-            "cuda_version": torch.version.cuda,
-            "hip_version": torch.version.hip,
-        }
+    backend = tu.triton_backend()
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    codecache.CacheBase.get_system.cache_clear()
+    return {
+        "torch_version": str(torch.__version__),
+        "device": props.name,
+        "triton_key": triton_key(),
+        "backend_hash_input": backend.hash(),
+        "backend_hash": tu.triton_hash_with_backend(),
+        "system": codecache.CacheBase.get_system(),
+        "cuda_version": torch.version.cuda,
+        "hip_version": torch.version.hip,
+        "sources": {
+            "torch/utils/_triton.py: triton_hash_with_backend":
+                inspect.getsource(getattr(tu.triton_hash_with_backend, "__wrapped__", tu.triton_hash_with_backend)),
+            "torch/_inductor/codecache.py: CacheBase.get_system":
+                inspect.getsource(codecache.CacheBase.get_system.__wrapped__),
+        },
+    }
+
+
+def gpu_section(torch: Any, codecache: Any, gpu_from: Path | None) -> dict[str, Any] | None:
+    """The ``gpu`` section: measured here when this machine has Triton and a GPU; else read from
+    ``gpu_from`` (a file ``--gpu-only`` wrote on such a machine); else carried over from the
+    existing output file. Each records the torch version and device it was measured with."""
+    measured = measure_gpu(torch, codecache)
+    if measured is not None:
+        return measured
+    if gpu_from is not None:
+        return json.loads(gpu_from.read_text())
     if OUT.exists():
         return json.loads(OUT.read_text()).get("gpu")
     return None
 
 
 if __name__ == "__main__":
-    main()
+    # usage: make_key_vectors.py [--gpu-from FILE]   write key_vectors.json
+    #        make_key_vectors.py --gpu-only FILE     (GPU + Triton machine) write the gpu section only
+    args = sys.argv[1:]
+    if args[:1] == ["--gpu-only"] and len(args) == 2:
+        import torch
+        from torch._inductor import codecache
+
+        section = measure_gpu(torch, codecache)
+        if section is None:
+            sys.exit("--gpu-only needs Triton and a GPU")
+        Path(args[1]).write_text(json.dumps(section, indent=1) + "\n")
+        print(json.dumps({k: v for k, v in section.items() if k != "sources"}, indent=1))
+    elif args[:1] == ["--gpu-from"] and len(args) == 2:
+        main(Path(args[1]))
+    elif not args:
+        main()
+    else:
+        sys.exit(__doc__)
