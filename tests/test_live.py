@@ -315,3 +315,12 @@ def test_environment_variable_activates_child_processes(tmp_path: Path) -> None:
     assert out.stdout.split() == ["True", str(tmp_path / "env.db")]
     out = subprocess.run([sys.executable, "-c", no_torch], capture_output=True, text=True, env=env, check=True)
     assert out.stdout.split() == ["False", "False"], "nothing is imported until the process imports torch"
+
+
+def test_best_config_key_is_relative_to_whichever_cache_dir_wrote_it() -> None:
+    from cachedb.live._seams import best_config_key
+
+    # Inductor pickles the absolute path into compiled graphs; a fresh process on another
+    # cache dir asks for the old one. Both must find the same row.
+    assert best_config_key("/tmp/cold/s5/e22b29.best_config") == "s5/e22b29.best_config"
+    assert best_config_key("/home/u/.cache/ind/s5/e22b29.best_config") == "s5/e22b29.best_config"

@@ -30,6 +30,8 @@ log = logging.getLogger("cachedb.live")
 #: Environment variables read by processes started under an active cachedb.
 ENV_ENABLE = "CACHEDB_ENABLE"
 ENV_TIMEOUT = "CACHEDB_TIMEOUT"
+#: A file that every process with cachedb active appends a debug trace of its lookups to.
+ENV_LOG_FILE = "CACHEDB_LOG_FILE"
 
 #: The directory holding cachedb's ``sitecustomize.py`` (activation in child processes).
 BOOTSTRAP_DIR = str(Path(__file__).resolve().parent.parent / "_bootstrap")
@@ -80,6 +82,7 @@ def install(path: str | os.PathLike[str] | None = None, *, timeout_s: float | No
         import torch  # noqa: F401
     except ImportError as exc:
         raise TorchUnavailableError(f"cachedb.install needs torch: {exc}") from exc
+    _setup_trace_log()
     with _lock:
         if _active is not None:
             if _active[0].location == location:
@@ -97,8 +100,19 @@ def install(path: str | os.PathLike[str] | None = None, *, timeout_s: float | No
                 os.environ.pop(key, None)
         _active = (store, patches, previous)
         store.safely("opening the database", None, lambda: store.db)
-        log.info("cachedb: serving Inductor caches from %s", location)
+        log.info("cachedb: serving Inductor caches from %s (pid %d)", location, os.getpid())
         return store
+
+
+def _setup_trace_log() -> None:
+    path = os.environ.get(ENV_LOG_FILE)
+    if not path or any(getattr(h, "_cachedb_trace", False) for h in log.handlers):
+        return
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter(f"%(asctime)s pid={os.getpid()} %(levelname)s %(message)s"))
+    handler._cachedb_trace = True  # type: ignore[attr-defined]
+    log.addHandler(handler)
+    log.setLevel(logging.DEBUG)
 
 
 def uninstall() -> None:

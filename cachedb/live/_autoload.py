@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.abc
 import importlib.machinery
 import logging
+import os
 import sys
 from types import ModuleType
 from typing import Any
@@ -18,7 +19,7 @@ def _install_from_environment() -> None:
     try:
         install()  # location from CACHEDB_URL / CACHEDB_PATH
     except Exception as exc:  # a wrong torch must not break the program
-        log.warning("cachedb: not activated in this process: %s", exc)
+        log.warning("cachedb: not activated in process %d (%s): %s", os.getpid(), " ".join(sys.argv)[:200], exc)
 
 
 class _AfterTorchImport(importlib.abc.MetaPathFinder):

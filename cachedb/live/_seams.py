@@ -10,6 +10,7 @@ seam (torch 2.11 / 2.13)                               served from
 ``CacheBase.get_local_cache`` / ``update_local_cache``   ``autotune_timings``, ``local_cache_values``
 ``LocalCache.lookup``                                   same (fixed: several keys work)
 ``LocalAutotuneCache.backend_override_cls``             ``best_configs``
+(runtime/autotune_cache.py)
 ``AutotuneCacheArtifact.populate_cache`` (Mega-Cache)    ``best_configs``
 ``maybe_fetch_ops`` (codegen/cutlass/cache.py and its   ``cutlass_op_lists``
 import in gemm_template.py)
@@ -90,13 +91,16 @@ def _cache_dir() -> str:
 
 
 def best_config_key(path: str) -> str:
-    """A best config's key: its path relative to ``cache_dir()`` (``"<k[1:3]>/<name>.best_config"``),
-    so one database serves any cache directory; an absolute path if it lies elsewhere."""
-    root = os.path.abspath(_cache_dir())
-    full = os.path.abspath(path)
-    if os.path.commonpath([root, full]) == root:
-        return os.path.relpath(full, root).replace(os.sep, "/")
-    return full
+    """A best config's key: the last two parts of its path, ``"<k[1:3]>/<name>.best_config"``.
+
+    That is its path relative to the cache dir that wrote it, and the Mega-Cache artifact key
+    (``LocalAutotuneCache._get``, torch/_inductor/runtime/autotune_cache.py, takes the same
+    two parts). Inductor pickles the absolute path into compiled graphs, so a graph loaded in a
+    process with another ``cache_dir()`` asks for the old directory's path; keying on the last
+    two parts serves it from any cache dir.
+    """
+    parts = os.path.normpath(path).replace(os.sep, "/").split("/")
+    return "/".join(parts[-2:])
 
 
 def _guarded_seams(store: LiveStore, cls: type, kind: str, base_iterate: Callable[..., Any]) -> list[_Patch]:
@@ -157,27 +161,67 @@ def _local_cache_seams(store: LiveStore) -> list[_Patch]:
     ]
 
 
-def _best_config_seams(store: LiveStore) -> list[_Patch]:
-    LocalAutotuneCache = _require("torch._inductor.remote_cache", "LocalAutotuneCache")
-    RemoteCacheBackend = _require("torch._inductor.remote_cache", "RemoteCacheBackend")
-    AutotuneCacheArtifact = _require("torch._inductor.runtime.autotune_cache", "AutotuneCacheArtifact")
-    _require("torch._inductor.runtime.autotune_cache", "AutotuneCacheArtifact", "populate_cache")
+@functools.cache
+def _best_config_backend_class(base: type) -> type:
+    """``LocalAutotuneCache``'s backend (keys are absolute ``.best_config`` paths).
 
-    class CacheDBBestConfigBackend(RemoteCacheBackend):  # type: ignore[misc, valid-type]
-        """``LocalAutotuneCache``'s backend: keys are absolute ``.best_config`` paths."""
+    A module-level class: Inductor pickles autotune caches into compile workers, so it must
+    be importable there. It serves from the process's active store; in a process where
+    cachedb is not active it reads and writes the file, as torch's own backend does.
+    """
 
+    class CacheDBBestConfigBackend(base):  # type: ignore[misc, valid-type]
         def _get(self, key: str) -> bytes | None:
+            from . import active_store
+
+            store = active_store()
+            if store is None:
+                try:
+                    with open(key, "rb") as f:
+                        return f.read()
+                except FileNotFoundError:
+                    return None
             return store.best_config_get(best_config_key(key))
 
         def _put(self, key: str, data: bytes) -> None:
+            from . import active_store
+
+            store = active_store()
+            if store is None:
+                from torch._inductor.codecache import write_atomic
+
+                write_atomic(key, data, make_dirs=True)
+                return
             store.best_config_put(best_config_key(key), data)
+
+    CacheDBBestConfigBackend.__module__ = __name__
+    CacheDBBestConfigBackend.__qualname__ = "CacheDBBestConfigBackend"
+    return CacheDBBestConfigBackend
+
+
+def __getattr__(name: str) -> Any:
+    """``pickle`` finds the backend class by name (it subclasses a torch class, so it is
+    created on first use rather than at import)."""
+    if name == "CacheDBBestConfigBackend":
+        RemoteCacheBackend = _require("torch._inductor.remote_cache", "RemoteCacheBackend")
+        return _best_config_backend_class(RemoteCacheBackend)
+    raise AttributeError(name)
+
+
+def _best_config_seams(store: LiveStore) -> list[_Patch]:
+    # torch 2.13 defines it in remote_cache.py, 2.11 in runtime/autotune_cache.py; the
+    # latter module has the name in both.
+    LocalAutotuneCache = _require("torch._inductor.runtime.autotune_cache", "LocalAutotuneCache")
+    RemoteCacheBackend = _require("torch._inductor.remote_cache", "RemoteCacheBackend")
+    AutotuneCacheArtifact = _require("torch._inductor.runtime.autotune_cache", "AutotuneCacheArtifact")
+    _require("torch._inductor.runtime.autotune_cache", "AutotuneCacheArtifact", "populate_cache")
 
     def populate_cache(self: Any) -> None:
         content = self.content if isinstance(self.content, bytes) else bytes(self.content)
         store.best_config_put(self.key, content)
 
     return [
-        _Patch(LocalAutotuneCache, "backend_override_cls", CacheDBBestConfigBackend),
+        _Patch(LocalAutotuneCache, "backend_override_cls", _best_config_backend_class(RemoteCacheBackend)),
         _Patch(AutotuneCacheArtifact, "populate_cache", populate_cache),
     ]
 

@@ -113,7 +113,9 @@ class LiveStore:
                         self.warn_once(f"{kind} payload check", exc)
             return out
 
-        return iter(self.safely(f"{kind} lookup", [], read))
+        found = self.safely(f"{kind} lookup", [], read)
+        log.debug("%s lookup %s: %d variant(s)", kind, key, len(found))
+        return iter(found)
 
     def guarded_put(self, kind: str, key: str, content: bytes) -> None:
         from .._pickle_scan import read_entry_fields
@@ -131,6 +133,7 @@ class LiveStore:
                     time_taken_ns=fields.time_taken_ns,
                     fingerprint_id=self._fingerprint_id(repos),
                 )
+            log.debug("%s write %s", kind, key)
 
         self.safely(f"{kind} write", None, write)
 
@@ -152,7 +155,9 @@ class LiveStore:
                     return True, timings
                 return current_for_namespace(repos.session, fp_ids, key)
 
-        return self.safely("autotune/LocalCache lookup", (False, None), read)
+        found = self.safely("autotune/LocalCache lookup", (False, None), read)
+        log.debug("local cache lookup %s (system %s): %s", key, system_hash[:8], "hit" if found[0] else "miss")
+        return found
 
     def write_changes(self, cache: dict[str, Any], served: dict[str, Any]) -> None:
         """Write the leaves of ``cache`` that differ from what was ``served``: new timings
@@ -174,6 +179,7 @@ class LiveStore:
             values = [v for v in new_v if v.key_path not in old_values or old_values[v.key_path] != v.value]
             if not timings and not values:
                 return
+            log.debug("local cache write: %d timing(s), %d value(s)", len(timings), len(values))
             with self.db.transaction() as repos:
                 fp_id = self._fingerprint_id(repos)
                 start = next_position(repos.session)
@@ -197,12 +203,15 @@ class LiveStore:
                 content = repos.best_configs.get(key)
             return None if content is None else content.encode("utf-8")
 
-        return self.safely("best config lookup", None, read)
+        found = self.safely("best config lookup", None, read)
+        log.debug("best config lookup %s: %s", key, "hit" if found is not None else "miss")
+        return found
 
     def best_config_put(self, key: str, data: bytes) -> None:
         def write() -> None:
             with self.db.transaction() as repos:
                 repos.best_configs.put(key, data.decode("utf-8"), fingerprint_id=self._fingerprint_id(repos))
+            log.debug("best config write %s", key)
 
         self.safely("best config write", None, write)
 
