@@ -100,6 +100,9 @@ class GuardedEntry(Base):
     without executing it (``None`` = unconditional hit, unless ``guards_known`` is false, in
     which case ``guards_note`` says why it could not be read). ``time_taken_ns`` is the
     compile time Inductor recorded (FX: ``_time_taken_ns``; AOT: forward + backward).
+    ``last_used_at`` (indexed, revision 0002) is the time of the last hit, or of the write;
+    eviction (``cachedb prune``) removes the least recently used first. ``signature`` is the
+    HMAC-SHA256 of the entry under the team's key when signing is on (:mod:`cachedb._signing`).
     """
 
     __tablename__ = "guarded_entries"
@@ -119,11 +122,12 @@ class GuardedEntry(Base):
     checksum: Mapped[str] = mapped_column(String(64))
     time_taken_ns: Mapped[Optional[int]] = mapped_column(BigInteger)
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
-    last_used_at: Mapped[Optional[dt.datetime]] = mapped_column(DateTime(timezone=True))
+    last_used_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow, index=True)
     hit_count: Mapped[int] = mapped_column(Integer, default=0)
     fingerprint_id: Mapped[Optional[int]] = mapped_column(
         ForeignKey("system_fingerprints.id", ondelete="SET NULL"), index=True
     )
+    signature: Mapped[Optional[str]] = mapped_column(String(64))
 
     fingerprint: Mapped[Optional[SystemFingerprint]] = relationship()
 
@@ -212,11 +216,29 @@ class BestConfig(Base):
     time_taken_ms: Mapped[Optional[int]] = mapped_column(BigInteger)
     triton_cache_hash: Mapped[Optional[str]] = mapped_column(String(128))
     kernel_kwargs: Mapped[Optional[str]] = mapped_column(Text)
+    signature: Mapped[Optional[str]] = mapped_column(String(64))
     fingerprint_id: Mapped[Optional[int]] = mapped_column(
         ForeignKey("system_fingerprints.id", ondelete="SET NULL")
     )
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class QuarantinedEntry(Base):
+    """A guarded entry whose payload failed its checksum (or signature): moved here, never
+    served, kept for inspection (``cachedb verify`` lists them). Revision 0002."""
+
+    __tablename__ = "quarantined_entries"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    key: Mapped[str] = mapped_column(String(128))
+    variant: Mapped[str] = mapped_column(String(64))
+    payload: Mapped[bytes] = mapped_column(LargeBinary)
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    checksum: Mapped[str] = mapped_column(String(64))
+    reason: Mapped[str] = mapped_column(Text)
+    quarantined_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
 class CutlassOpList(Base):

@@ -72,6 +72,7 @@ class GuardedEntryRepository:
         if self.session.execute(_EXISTS, params).first() is not None:
             return variant, False
         packed = pack(payload)
+        now = utcnow()
         self.session.execute(
             _INSERT,
             {
@@ -83,8 +84,8 @@ class GuardedEntryRepository:
                 "size_bytes": packed.size_bytes,
                 "checksum": packed.checksum,
                 "time_taken_ns": time_taken_ns,
-                "created_at": utcnow(),
-                "last_used_at": None,
+                "created_at": now,
+                "last_used_at": now,
                 "hit_count": 0,
                 "fingerprint_id": fingerprint_id,
             },
