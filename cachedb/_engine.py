@@ -73,11 +73,15 @@ def check_sqlite_file(path: Path) -> None:
     a directory or an unreadable file.
     """
     if not path.exists():
-        if not path.parent.exists():
-            try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                raise DatabaseOpenError(f"{path}: cannot create its directory: {exc}") from exc
+        try:
+            # Owner-only: a new directory is 0700, the new file 0600 (SQLite gives its -wal and
+            # -shm files the database file's permissions).
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            raise DatabaseOpenError(f"{path}: cannot create the database: {exc.strerror or exc}") from exc
         return
     if path.is_dir():
         raise DatabaseOpenError(f"{path}: is a directory, not a database file")
@@ -159,6 +163,17 @@ def set_read_only(conn: Connection) -> None:
         conn.exec_driver_sql("PRAGMA query_only = ON")
     elif conn.dialect.name == "postgresql":
         conn.exec_driver_sql("SET TRANSACTION READ ONLY")
+
+
+def vacuum(engine: Engine) -> None:
+    """Give freed pages back to the file system (SQLite ``VACUUM``; nothing elsewhere)."""
+    if engine.dialect.name != "sqlite":
+        return
+    raw = engine.raw_connection()
+    try:
+        raw.driver_connection.execute("VACUUM")  # autocommit connection: outside a transaction
+    finally:
+        raw.close()
 
 
 def is_sqlite(engine: Engine) -> bool:

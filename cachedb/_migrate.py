@@ -99,7 +99,7 @@ def upgrade(engine: Engine, *, where: str, lock_timeout_s: float = DEFAULT_UPGRA
         return False
 
     path = sqlite_path(engine.url)
-    lock = FileLock(str(path) + ".lock", timeout=lock_timeout_s) if path is not None else None
+    lock = FileLock(str(path) + ".lock", timeout=lock_timeout_s, mode=0o600) if path is not None else None
     try:
         if lock is not None:
             lock.acquire()

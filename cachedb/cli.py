@@ -251,6 +251,56 @@ def upgrade(obj: _Context) -> None:
         click.echo(f"{db.where}: schema revision {db.revision()}")
 
 
+def _parse_size(text: str) -> int:
+    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    unit = t[-1] if t and t[-1] in units else ""
+    try:
+        return int(float(t[: len(t) - len(unit)]) * units[unit])
+    except ValueError:
+        raise click.BadParameter(f"{text!r}: expected a size such as 500M or 10G") from None
+
+
+def _parse_age(text: str) -> float:
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+    t = text.strip().lower()
+    unit = t[-1] if t and t[-1] in units else "s"
+    try:
+        return float(t.rstrip("smhdw")) * units[unit]
+    except ValueError:
+        raise click.BadParameter(f"{text!r}: expected an age such as 30d or 12h") from None
+
+
+@main.command()
+@click.option("--max-bytes", metavar="SIZE", help="Keep stored entries under SIZE (e.g. 10G, 500M).")
+@click.option("--older-than", metavar="AGE", help="Remove entries not used for AGE (e.g. 30d, 12h).")
+@click.option("--vacuum", is_flag=True, help="Give the freed space back to the file system (SQLite VACUUM).")
+@pass_ctx
+def prune(obj: _Context, max_bytes: str | None, older_than: str | None, vacuum: bool) -> None:
+    """Evict FX graph and AOTAutograd entries, least recently used first.
+
+    \b
+    Example:
+      cachedb --db inductor.db prune --max-bytes 10G --older-than 30d
+    """
+    import datetime as dt
+
+    if max_bytes is None and older_than is None:
+        raise click.UsageError("give --max-bytes and/or --older-than")
+    limit = _parse_size(max_bytes) if max_bytes is not None else None
+    cutoff = None
+    if older_than is not None:
+        cutoff = dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=_parse_age(older_than))
+    with obj.open() as db:
+        with db.transaction() as repos:
+            n, freed = repos.guarded.evict(max_bytes=limit, older_than=cutoff)
+        if vacuum:
+            from ._engine import vacuum as run_vacuum
+
+            run_vacuum(db.engine)
+    click.echo(f"removed {n} entries, {freed} stored bytes")
+
+
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @pass_ctx
@@ -283,23 +333,170 @@ def run(obj: _Context, command: tuple[str, ...]) -> None:
 
 @main.command()
 @click.option("--format", "fmt", type=FORMATS, default="table", show_default=True)
+@click.option("--no-quarantine", is_flag=True, help="Report corrupt entries but leave them in place.")
 @pass_ctx
-def verify(obj: _Context, fmt: str) -> None:
-    """Check database integrity and every payload's checksum. Exit status 1 on problems.
+def verify(obj: _Context, fmt: str, no_quarantine: bool) -> None:
+    """Check integrity, every payload's checksum (and signature, with CACHEDB_HMAC_KEY).
+
+    Corrupt entries are moved to quarantine (kept for inspection, never served) and
+    listed, with those quarantined earlier. Exit status 1 on any problem.
 
     \b
     Example:
-      cachedb --db inductor.db verify
+      cachedb --db inductor.db verify --format json
     """
     from .verify import verify as run_verify
 
     with obj.open() as db:
-        problems, checked = run_verify(db)
+        problems, checked = run_verify(db, quarantine=not no_quarantine)
     if problems:
         emit(problems, ("what", "where", "problem"), fmt)
         err.print(f"{len(problems)} problem(s) in {checked} payloads", highlight=False)
         sys.exit(1)
     click.echo(f"ok: integrity check passed, {checked} payloads verified")
+
+
+
+@main.group()
+def cutlass() -> None:
+    """CUTLASS op lists (configs_<request key>.json) in the database.
+
+    \b
+    Example:
+      cachedb --db inductor.db cutlass generate --arch 90 --cuda 12.8
+    """
+
+
+@cutlass.command("generate")
+@click.option("--arch", required=True, help='CUDA arch as config.cuda.arch takes it: "90", "90a", "100".')
+@click.option("--cuda", "cuda_version", required=True, help='CUDA toolkit version: "12.8".')
+@click.option(
+    "--level",
+    default="0",
+    show_default=True,
+    help="config.cutlass.cutlass_instantiation_level (4 digits; more kernels when higher).",
+)
+@click.option(
+    "--cutlass-dir",
+    type=click.Path(file_okay=False, exists=True, path_type=str),
+    help="CUTLASS root holding python/cutlass_library. Default: config.cutlass.cutlass_dir "
+    "if it has one, else the installed nvidia-cutlass packages.",
+)
+@pass_ctx
+def cutlass_generate(obj: _Context, arch: str, cuda_version: str, level: str, cutlass_dir: str | None) -> None:
+    """Run torch's own CUTLASS generator once and store the op list.
+
+    Computes the request key torch's maybe_fetch_ops looks up
+    (get_config_request_key) and the op list it would read, then stores both, so that
+    torch.compile under cachedb (install / run) skips generating the ops. Needs torch
+    and nvidia-cutlass (pip install 'cachedb[cutlass]'); no GPU.
+
+    \b
+    Example:
+      cachedb --db inductor.db cutlass generate --arch 90 --cuda 12.8
+      cachedb --db inductor.db cutlass generate --arch 100 --cuda 12.9 --level 2222
+    """
+    from .cutlass_gen import generate_and_store
+
+    with obj.open() as db:
+        result = generate_and_store(db, arch, cuda_version, level, cutlass_dir=cutlass_dir)
+    click.echo(f"request key: {result.request_key}")
+    click.echo(f"ops: {result.op_count}")
+    click.echo(f"bytes: {result.size_bytes}")
+    click.echo(
+        f"arch {result.arch}, CUDA {result.cuda_version}, level {result.instantiation_level}: "
+        f"{'stored' if result.added else 'already stored (same bytes)'} as configs_{result.request_key}.json "
+        f"(generated in {result.generate_s:.1f} s)"
+    )
+
+
+
+@main.command("export-artifacts")
+@click.argument("file", type=click.Path(dir_okay=False, path_type=str))
+@pass_ctx
+def export_artifacts_cmd(obj: _Context, file: str) -> None:
+    """Write a Mega-Cache blob (torch.compiler.save_cache_artifacts format) to FILE.
+
+    It holds every FX graph entry (type inductor), AOTAutograd entry (aot_autograd) and
+    best config (autotune) in the database; torch.compiler.load_cache_artifacts(blob) in
+    any process puts them in its cache directory (or, under cachedb, in its database).
+    FILE is written atomically. Needs torch.
+
+    \b
+    Example:
+      cachedb --db inductor.db export-artifacts warm.bin
+      python -c "import torch; torch.compiler.load_cache_artifacts(open('warm.bin','rb').read())"
+    """
+    import os
+    import tempfile
+
+    from ._errors import ExportError
+    from .mega_cache import build_artifacts
+
+    with obj.open() as db:
+        result = build_artifacts(db)
+    target = os.path.abspath(file)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(target)}.", suffix=".tmp", dir=os.path.dirname(target))
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(result.data)
+            os.replace(tmp, target)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+    except OSError as exc:
+        raise ExportError(f"{file}: cannot write: {exc.strerror or exc}") from exc
+    emit(
+        [{"type": t, "artifacts": n} for t, n in result.counts.items()],
+        ("type", "artifacts"),
+        "table",
+    )
+    for p in result.left_out:
+        err.print(f"left out: {p.path}: {p.reason}", highlight=False, markup=False)
+    click.echo(f"{len(result.data)} bytes written to {file}")
+
+
+@main.command("import-artifacts")
+@click.argument("file", type=click.Path(dir_okay=False, path_type=str))
+@pass_ctx
+def import_artifacts_cmd(obj: _Context, file: str) -> None:
+    """Import a Mega-Cache blob (what torch.compiler.save_cache_artifacts() returns).
+
+    FX graph (inductor), AOTAutograd (aot_autograd) and best-config (autotune)
+    artifacts are stored; pgo and precompile artifacts are counted and skipped. Pickles are
+    never executed. Re-importing is idempotent. Needs torch.
+
+    \b
+    Example:
+      python -c "import torch; ...; open('a.bin','wb').write(torch.compiler.save_cache_artifacts()[0])"
+      cachedb --db inductor.db import-artifacts a.bin
+    """
+    from .mega_cache import KIND_OF_TYPE, import_artifacts, read_blob_file
+
+    data = read_blob_file(file)
+    with obj.open() as db:
+        report = import_artifacts(db, data, where=file)
+    rows = []
+    for type_, n in report.artifacts.items():
+        kind = KIND_OF_TYPE.get(type_)
+        rows.append(
+            {
+                "type": type_,
+                "artifacts": n,
+                "added": report.added[kind] if kind else 0,
+                "unchanged": report.unchanged[kind] if kind else 0,
+                "skipped": report.skipped[type_],
+            }
+        )
+    emit(rows, ("type", "artifacts", "added", "unchanged", "skipped"), "table")
+    click.echo(f"{report.bytes_read} bytes read from {file}")
+    for p in report.notes:
+        err.print(f"note: {p.path}: {p.reason}", highlight=False, markup=False)
+    for p in report.problems:
+        err.print(f"skipped: {p.path}: {p.reason}", highlight=False, markup=False)
+    if report.problems:
+        err.print(f"{len(report.problems)} artifact(s) not stored", highlight=False)
 
 
 if __name__ == "__main__":  # pragma: no cover

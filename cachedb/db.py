@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 from . import _migrate
 from ._engine import WRITE_OPTION, create_cachedb_engine, default_location, sqlite_path, to_url
 from ._errors import DatabaseOpenError, NotADatabaseError
+from ._signing import Signer
 from .repositories import (
     AutotuneTimingRepository,
     BestConfigRepository,
@@ -31,6 +32,7 @@ class Repos:
     """The repositories of one transaction, all on the same :class:`Session`."""
 
     session: Session
+    signer: Signer | None = None
 
     @property
     def fingerprints(self) -> FingerprintRepository:
@@ -38,7 +40,7 @@ class Repos:
 
     @property
     def guarded(self) -> GuardedEntryRepository:
-        return GuardedEntryRepository(self.session)
+        return GuardedEntryRepository(self.session, self.signer)
 
     @property
     def timings(self) -> AutotuneTimingRepository:
@@ -50,7 +52,7 @@ class Repos:
 
     @property
     def best_configs(self) -> BestConfigRepository:
-        return BestConfigRepository(self.session)
+        return BestConfigRepository(self.session, self.signer)
 
     @property
     def cutlass(self) -> CutlassOpListRepository:
@@ -63,6 +65,8 @@ class CacheDB:
     ``CacheDB(location)`` opens ``location`` (a file path or a URL such as
     ``postgresql+psycopg://127.0.0.1/test``; ``None`` = :func:`default_location`), creates it
     if absent, and upgrades its schema to the code's head revision under a file lock.
+    ``signer`` (default: from ``$CACHEDB_HMAC_KEY``, see :mod:`cachedb._signing`) signs what
+    is written and refuses to serve what does not verify.
 
     Raises:
         NotADatabaseError: the path holds a file that is not SQLite (left untouched).
@@ -77,7 +81,9 @@ class CacheDB:
         *,
         upgrade: bool = True,
         busy_timeout_s: float = 30.0,
+        signer: Signer | None = None,
     ) -> None:
+        self.signer = signer if signer is not None else Signer.from_environment()
         self.url = to_url(location if location is not None else default_location())
         self.path: Path | None = sqlite_path(self.url)
         self.where = str(self.path) if self.path is not None else self.url.render_as_string(hide_password=True)
@@ -126,7 +132,7 @@ class CacheDB:
         with self.engine.connect().execution_options(**{WRITE_OPTION: True}) as conn:
             with Session(bind=conn, expire_on_commit=False, autoflush=True) as session:
                 with conn.begin():
-                    yield Repos(session)
+                    yield Repos(session, self.signer)
                     session.flush()
 
     @contextmanager
@@ -135,7 +141,7 @@ class CacheDB:
         with self.engine.connect() as conn:
             with Session(bind=conn) as session:
                 with conn.begin() as txn:
-                    yield Repos(session)
+                    yield Repos(session, self.signer)
                     txn.rollback()
 
     def close(self) -> None:

@@ -1,4 +1,4 @@
-"""``cachedb verify``: database integrity and payload checksums."""
+"""``cachedb verify``: database integrity, payload checksums and signatures, quarantine."""
 
 from __future__ import annotations
 
@@ -7,15 +7,19 @@ from typing import Any
 from sqlalchemy import select
 
 from ._errors import CorruptPayloadError
-from ._payload import unpack
 from .db import CacheDB
-from .models import CutlassOpList, GuardedEntry
+from .models import CutlassOpList, GuardedEntry, QuarantinedEntry
 
 
-def verify(db: CacheDB) -> tuple[list[dict[str, Any]], int]:
-    """``(problems, payloads checked)``. Problems are rows ``{what, where, problem}``: the
-    SQLite integrity check's complaints and every payload that fails decompression or its
-    SHA-256 checksum."""
+def verify(db: CacheDB, *, quarantine: bool = True) -> tuple[list[dict[str, Any]], int]:
+    """``(problems, payloads checked)``.
+
+    Problems are rows ``{what, where, problem}``: the SQLite integrity check's complaints,
+    every guarded payload that fails decompression, its SHA-256 checksum or (with
+    ``CACHEDB_HMAC_KEY`` set) its signature — moved to ``quarantined_entries`` when
+    ``quarantine`` is true — every corrupt CUTLASS op list, and every entry already in
+    quarantine (``what`` = ``quarantined <kind>``).
+    """
     problems: list[dict[str, Any]] = []
     checked = 0
     with db.engine.connect() as conn:
@@ -25,25 +29,37 @@ def verify(db: CacheDB) -> tuple[list[dict[str, Any]], int]:
                     problems.append({"what": "database", "where": db.where, "problem": line})
         conn.rollback()
     g, c = GuardedEntry.__table__, CutlassOpList.__table__
+    corrupt: list[tuple[str, str, str, str]] = []
     with db.read() as repos:
-        for kind, key, variant, blob, size, digest in repos.session.execute(
-            select(g.c.kind, g.c.key, g.c.variant, g.c.payload, g.c.size_bytes, g.c.checksum).execution_options(
-                yield_per=32
-            )
-        ):
-            checked += 1
-            where = f"{kind}/{key}/{variant}"
-            try:
-                unpack(blob, size, digest, where=where)
-            except CorruptPayloadError as exc:
-                problems.append({"what": kind, "where": where, "problem": exc.reason})
+        ids = repos.session.execute(select(g.c.kind, g.c.key).distinct()).all()
+        for kind, key in ids:
+            for variant, load in repos.guarded.raw_candidates(kind, key):
+                checked += 1
+                try:
+                    load()
+                except CorruptPayloadError as exc:
+                    corrupt.append((kind, key, variant, exc.reason))
         for key, blob, size, digest in repos.session.execute(
             select(c.c.request_key, c.c.payload, c.c.size_bytes, c.c.checksum)
         ):
             checked += 1
-            where = f"configs_{key}.json"
             try:
-                unpack(blob, size, digest, where=where)
+                repos.cutlass.get(key)
             except CorruptPayloadError as exc:
-                problems.append({"what": "cutlass_op_list", "where": where, "problem": exc.reason})
+                problems.append({"what": "cutlass_op_list", "where": f"configs_{key}.json", "problem": exc.reason})
+    for kind, key, variant, reason in corrupt:
+        problems.append({"what": kind, "where": f"{kind}/{key}/{variant}", "problem": reason})
+    if quarantine and corrupt:
+        with db.transaction() as repos:
+            for kind, key, variant, reason in corrupt:
+                repos.guarded.quarantine(kind, key, variant, reason)
+    q = QuarantinedEntry.__table__
+    with db.read() as repos:
+        for kind, key, variant, reason, when in repos.session.execute(
+            select(q.c.kind, q.c.key, q.c.variant, q.c.reason, q.c.quarantined_at).order_by(q.c.id)
+        ):
+            if (kind, key, variant, reason) in corrupt:
+                continue  # just reported above
+            problems.append({"what": f"quarantined {kind}", "where": f"{kind}/{key}/{variant}",
+                             "problem": f"{reason} (quarantined {when:%Y-%m-%d %H:%M})"})
     return problems, checked

@@ -60,13 +60,17 @@ def child_environment(location: str, base: dict[str, str] | None = None) -> dict
     return env
 
 
-def install(path: str | os.PathLike[str] | None = None, *, timeout_s: float | None = None) -> LiveStore:
+def install(
+    path: str | os.PathLike[str] | None = None, *, timeout_s: float | None = None, trust: bool = False
+) -> LiveStore:
     """Make Inductor store and find its caches in the database at ``path``.
 
     ``path`` is an SQLite file or SQLAlchemy URL (default: :func:`cachedb.default_location`).
     ``timeout_s`` (seconds, default ``$CACHEDB_TIMEOUT`` or 10) bounds how long a lookup waits
     on a locked database before it counts as a miss. Child processes inherit the activation
     through the environment. Calling it again with another path switches databases.
+    Pickled entries are not loaded from a database owned by another user or writable by
+    others unless ``trust=True`` (or ``CACHEDB_TRUST=1``).
 
     Raises :class:`TorchUnavailableError` without torch, and :class:`SeamMissingError` when
     the installed torch lacks a seam (nothing is patched then). A database that cannot be
@@ -88,7 +92,7 @@ def install(path: str | os.PathLike[str] | None = None, *, timeout_s: float | No
             if _active[0].location == location:
                 return _active[0]
             uninstall()
-        store = LiveStore(location, timeout_s=timeout_s)
+        store = LiveStore(location, timeout_s=timeout_s, trust=trust)
         patches = _seams.build(store)
         _seams.apply(patches)
         previous = {k: os.environ.get(k) for k in ("CACHEDB_PATH", "CACHEDB_URL", ENV_ENABLE, "PYTHONPATH")}
@@ -141,9 +145,11 @@ def active_store() -> LiveStore | None:
 
 
 @contextmanager
-def installed(path: str | os.PathLike[str] | None = None, *, timeout_s: float | None = None) -> Iterator[LiveStore]:
+def installed(
+    path: str | os.PathLike[str] | None = None, *, timeout_s: float | None = None, trust: bool = False
+) -> Iterator[LiveStore]:
     """``with cachedb.installed("cache.db"): model = torch.compile(model); model(x)``."""
-    store = install(path, timeout_s=timeout_s)
+    store = install(path, timeout_s=timeout_s, trust=trust)
     try:
         yield store
     finally:

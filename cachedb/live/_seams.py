@@ -117,7 +117,12 @@ def _guarded_seams(store: LiveStore, cls: type, kind: str, base_iterate: Callabl
                 except Exception as exc:  # same policy as Inductor's own loop
                     store.warn_once(f"{kind} unpickle", exc)
                     continue
-                yield entry, content, True
+                try:
+                    yield entry, content, True
+                except GeneratorExit:
+                    # find_guarded_entry stops iterating at the candidate whose guards hold.
+                    store.note_hit(kind, key, variant)
+                    raise
         if remote_cache:
             yield from base_iterate(klass, False, remote_cache, key)
 
@@ -241,14 +246,20 @@ def _cutlass_seams(store: LiveStore) -> list[_Patch]:
         raise SeamMissingError(f"torch seam missing: {cache_mod}.maybe_fetch_ops")
     original_fn = getattr(original, "__wrapped__", original)
 
-    @functools.cache
+    from torch._inductor.utils import clear_on_fresh_cache
+
     def maybe_fetch_ops(device_type: str) -> list[Any] | None:
         """Mirrors ``maybe_fetch_ops`` (torch/_inductor/codegen/cutlass/cache.py), reading the
         op list from the database first, then from the file as torch does."""
+        if store.closed:  # uninstalled, but gemm_template imported this function meanwhile
+            return original(device_type)
+        return cached_fetch(device_type)
+
+    @clear_on_fresh_cache
+    @functools.cache
+    def cached_fetch(device_type: str) -> list[Any] | None:
         import torch._inductor.config as config
 
-        if store.closed:  # uninstalled, but gemm_template imported this function meanwhile
-            return original_fn(device_type)
         if config.force_disable_caches:
             return None
 
@@ -272,6 +283,7 @@ def _cutlass_seams(store: LiveStore) -> list[_Patch]:
         ops = store.safely("CUTLASS op list lookup", None, from_db)
         return ops if ops is not None else original_fn(device_type)
 
+    maybe_fetch_ops.cache_clear = cached_fetch.cache_clear  # type: ignore[attr-defined]
     patches = [_Patch(cache, "maybe_fetch_ops", maybe_fetch_ops)]
     # gemm_template imports the name; if it is not imported yet it will pick up the patched
     # function from the cache module (importing it here would be a circular import).

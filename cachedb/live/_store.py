@@ -7,7 +7,9 @@ failure per process, and answers as a miss (reads) or drops the write.
 
 from __future__ import annotations
 
+import atexit
 import copy
+import datetime as dt
 import logging
 import os
 import threading
@@ -16,7 +18,9 @@ from typing import Any, TypeVar
 
 from .. import _local_cache_doc as doc
 from .._errors import CorruptPayloadError
+from .._trust import untrusted_reason
 from ..db import CacheDB, Repos
+from ..models import utcnow
 from ..fingerprint import current as current_fingerprint
 from ..keys import sha256_hash
 from ..repositories.local_values import current_for_namespace
@@ -36,9 +40,13 @@ class _Unavailable(Exception):
 class LiveStore:
     """The database behind the seams of one process (opened lazily, on first use)."""
 
-    def __init__(self, location: str, *, timeout_s: float = DEFAULT_LIVE_TIMEOUT_S) -> None:
+    def __init__(self, location: str, *, timeout_s: float = DEFAULT_LIVE_TIMEOUT_S, trust: bool = False) -> None:
         self.location = location
         self.timeout_s = timeout_s
+        self.trust = trust
+        self.pickles_refused: str | None = None
+        self._hits: dict[tuple[str, str, str], tuple[int, dt.datetime]] = {}
+        self._atexit_registered = False
         self._db: CacheDB | None = None
         self._lock = threading.RLock()
         self._fingerprint: tuple[int, int, str] | None = None  # (pid, id, system hash)
@@ -62,9 +70,17 @@ class LiveStore:
                     self._open_failed = True
                     self.warn_once("opening the database", exc)
                     raise _Unavailable() from exc
+                reason = None if self.trust or self._db.path is None else untrusted_reason(self._db.path)
+                if reason is not None:
+                    self.pickles_refused = reason
+                    log.warning(
+                        "cachedb: not loading pickled FX graph/AOTAutograd entries from %s: %s "
+                        "(set CACHEDB_TRUST=1 or install(trust=True) to trust it)", self.location, reason,
+                    )
             return self._db
 
     def close(self) -> None:
+        self.flush_hits()
         with self._lock:
             self.closed = True
             if self._db is not None:
@@ -105,17 +121,67 @@ class LiveStore:
 
         def read() -> list[tuple[str, bytes]]:
             out = []
-            with self.db.read() as repos:
-                for variant, blob in repos.guarded.raw_candidates(kind, key):
+            corrupt: list[tuple[str, str]] = []
+            db = self.db
+            if self.pickles_refused is not None:
+                return []
+            with db.read() as repos:
+                for variant, load in repos.guarded.raw_candidates(kind, key):
                     try:
-                        out.append((variant, blob()))
+                        out.append((variant, load()))
                     except CorruptPayloadError as exc:
                         self.warn_once(f"{kind} payload check", exc)
+                        corrupt.append((variant, exc.reason))
+            if corrupt:
+                self._quarantine(kind, key, corrupt)
             return out
 
         found = self.safely(f"{kind} lookup", [], read)
         log.debug("%s lookup %s: %d variant(s)", kind, key, len(found))
         return iter(found)
+
+    def _quarantine(self, kind: str, key: str, corrupt: list[tuple[str, str]]) -> None:
+        """Move corrupt variants aside (kept for ``cachedb verify``) and count the misses in
+        ``counters["inductor"]["cachedb_corrupt_payload"]``."""
+        try:
+            from torch._dynamo.utils import counters
+
+            counters["inductor"]["cachedb_corrupt_payload"] += len(corrupt)
+        except ImportError:
+            pass
+
+        def write() -> None:
+            with self.db.transaction() as repos:
+                for variant, reason in corrupt:
+                    repos.guarded.quarantine(kind, key, variant, reason)
+
+        self.safely(f"{kind} quarantine", None, write)
+
+    def note_hit(self, kind: str, key: str, variant: str) -> None:
+        """Count a served variant; hits are written with the next write, and at exit."""
+        with self._lock:
+            n, _ = self._hits.get((kind, key, variant), (0, None))
+            self._hits[(kind, key, variant)] = (n + 1, utcnow())
+            if not self._atexit_registered:
+                self._atexit_registered = True
+                atexit.register(self.flush_hits)
+
+    def _take_hits(self, repos: Repos) -> None:
+        with self._lock:
+            hits, self._hits = self._hits, {}
+        if hits:
+            repos.guarded.record_hits(hits)
+
+    def flush_hits(self) -> None:
+        """Write the pending hit counts and last-used times (at exit, or explicitly)."""
+        if not self._hits or self.closed and self._db is None:
+            return
+
+        def write() -> None:
+            with self.db.transaction() as repos:
+                self._take_hits(repos)
+
+        self.safely("hit count write", None, write)
 
     def guarded_put(self, kind: str, key: str, content: bytes) -> None:
         from .._pickle_scan import read_entry_fields
@@ -133,6 +199,7 @@ class LiveStore:
                     time_taken_ns=fields.time_taken_ns,
                     fingerprint_id=self._fingerprint_id(repos),
                 )
+                self._take_hits(repos)
             log.debug("%s write %s", kind, key)
 
         self.safely(f"{kind} write", None, write)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -9,11 +10,12 @@ from typing import Any
 from sqlalchemy import bindparam, insert, select, update
 from sqlalchemy.orm import Session
 
-from .._errors import BadInputError
+from .._errors import BadInputError, CorruptPayloadError
+from .._signing import Signer
 from ..models import BestConfig, utcnow
 
 _B = BestConfig.__table__
-_GET = select(_B.c.content).where(_B.c.key == bindparam("key"))
+_GET = select(_B.c.content, _B.c.signature).where(_B.c.key == bindparam("key"))
 _ROW = select(_B.c.id, _B.c.content).where(_B.c.key == bindparam("key"))
 _INSERT = insert(_B)
 
@@ -64,13 +66,35 @@ def extract_columns(content: str, *, where: str) -> dict[str, Any]:
 
 
 class BestConfigRepository:
-    def __init__(self, session: Session) -> None:
+    """Best configs. With a :class:`~cachedb._signing.Signer`, writes are signed and reads
+    refuse configs whose signature does not verify."""
+
+    def __init__(self, session: Session, signer: Signer | None = None) -> None:
         self.session = session
+        self.signer = signer
+
+    def _check(self, key: str, content: str, signature: str | None) -> str:
+        if self.signer is not None and not self.signer.verify(
+            signature, "best_config", key, hashlib.sha256(content.encode("utf-8")).hexdigest()
+        ):
+            raise CorruptPayloadError(key, "signature does not verify under CACHEDB_HMAC_KEY")
+        return content
 
     def put(self, key: str, content: str, *, fingerprint_id: int | None = None) -> bool:
         """Store (or replace) the best config at ``key`` (``"<k[1:3]>/<name>.best_config"``).
-        Returns False if the same content was already stored."""
+        Returns False if the same content was already stored. Raises
+        :class:`~cachedb.BadInputError` for a key that is not a relative path inside the
+        cache directory ending in ``.best_config``, or content that is not a JSON object."""
+        parts = key.split("/")
+        if (
+            not key.endswith(".best_config")
+            or key.startswith("/")
+            or "\\" in key
+            or any(p in ("", ".", "..") for p in parts)
+        ):
+            raise BadInputError(key, "a best config key must be a relative path such as '<k[1:3]>/<name>.best_config'")
         columns = extract_columns(content, where=key)
+        columns["signature"] = self.signer.best_config(key, content) if self.signer else None
         found = self.session.execute(_ROW, {"key": key}).first()
         now = utcnow()
         if found is None:
@@ -88,10 +112,14 @@ class BestConfigRepository:
         return True
 
     def get(self, key: str) -> str | None:
-        """The JSON text stored at ``key``, or ``None``."""
-        return self.session.execute(_GET, {"key": key}).scalar()
+        """The JSON text stored at ``key``, or ``None``. Raises
+        :class:`~cachedb.CorruptPayloadError` when signing is on and the signature fails."""
+        row = self.session.execute(_GET, {"key": key}).first()
+        return None if row is None else self._check(key, row.content, row.signature)
 
     def iter_all(self) -> Iterator[tuple[str, str]]:
         """``(key, content)`` of every best config, by key."""
-        for key, content in self.session.execute(select(_B.c.key, _B.c.content).order_by(_B.c.key)):
-            yield key, content
+        for key, content, signature in self.session.execute(
+            select(_B.c.key, _B.c.content, _B.c.signature).order_by(_B.c.key)
+        ):
+            yield key, self._check(key, content, signature)

@@ -9,15 +9,21 @@ from dataclasses import dataclass
 from sqlalchemy import bindparam, func, insert, select, update
 from sqlalchemy.orm import Session
 
+import datetime as dt
+
+from sqlalchemy import delete
+
+from .._errors import CorruptPayloadError
 from .._payload import pack, unpack
+from .._signing import Signer
 from ..keys import sha256_hash
-from ..models import GUARDED_KINDS, GuardedEntry, utcnow
+from ..models import GUARDED_KINDS, GuardedEntry, QuarantinedEntry, utcnow
 
 _G = GuardedEntry.__table__
 
 # Hot path: every variant of one key, in Inductor's order (sorted file names).
 _VARIANTS = (
-    select(_G.c.variant, _G.c.payload, _G.c.size_bytes, _G.c.checksum)
+    select(_G.c.variant, _G.c.payload, _G.c.size_bytes, _G.c.checksum, _G.c.signature)
     .where(_G.c.kind == bindparam("kind"), _G.c.key == bindparam("key"))
     .order_by(_G.c.variant)
 )
@@ -49,8 +55,12 @@ def _check_kind(kind: str) -> None:
 
 
 class GuardedEntryRepository:
-    def __init__(self, session: Session) -> None:
+    """FX graph and AOTAutograd variants. With a :class:`~cachedb._signing.Signer`, writes are
+    signed and reads refuse (as corrupt) entries whose signature does not verify."""
+
+    def __init__(self, session: Session, signer: Signer | None = None) -> None:
         self.session = session
+        self.signer = signer
 
     def put(
         self,
@@ -88,6 +98,7 @@ class GuardedEntryRepository:
                 "last_used_at": now,
                 "hit_count": 0,
                 "fingerprint_id": fingerprint_id,
+                "signature": self.signer.guarded(kind, key, variant, packed.checksum) if self.signer else None,
             },
         )
         return variant, True
@@ -105,11 +116,78 @@ class GuardedEntryRepository:
         its loader is called (raising :class:`~cachedb.CorruptPayloadError` then)."""
         rows = self.session.execute(_VARIANTS, {"kind": kind, "key": key}).all()
         out = [
-            (v, functools.partial(unpack, blob, size, digest, where=f"{kind}/{key}/{v}"))
-            for v, blob, size, digest in rows
+            (v, functools.partial(self._load, kind, key, v, blob, size, digest, signature))
+            for v, blob, size, digest, signature in rows
         ]
         out.sort(key=lambda item: item[0])
         return out
+
+    def _load(
+        self, kind: str, key: str, variant: str, blob: bytes, size: int, digest: str, signature: str | None
+    ) -> bytes:
+        where = f"{kind}/{key}/{variant}"
+        if self.signer is not None and not self.signer.verify(
+            signature, "guarded", kind, key, variant, digest
+        ):
+            raise CorruptPayloadError(where, "signature does not verify under CACHEDB_HMAC_KEY")
+        return unpack(blob, size, digest, where=where)
+
+    def quarantine(self, kind: str, key: str, variant: str, reason: str) -> bool:
+        """Move a variant to ``quarantined_entries`` (kept for inspection, never served)."""
+        g = _G
+        row = self.session.execute(
+            select(g.c.payload, g.c.size_bytes, g.c.checksum).where(
+                g.c.kind == kind, g.c.key == key, g.c.variant == variant
+            )
+        ).first()
+        if row is None:
+            return False
+        self.session.execute(
+            insert(QuarantinedEntry.__table__),
+            {"kind": kind, "key": key, "variant": variant, "payload": row.payload,
+             "size_bytes": row.size_bytes, "checksum": row.checksum, "reason": reason,
+             "quarantined_at": utcnow()},
+        )
+        self.session.execute(delete(g).where(g.c.kind == kind, g.c.key == key, g.c.variant == variant))
+        return True
+
+    def record_hits(self, hits: dict[tuple[str, str, str], tuple[int, dt.datetime]]) -> None:
+        """Add ``{(kind, key, variant): (hits, last used)}`` to the hit counts."""
+        for (kind, key, variant), (n, when) in hits.items():
+            self.session.execute(
+                update(_G)
+                .where(_G.c.kind == kind, _G.c.key == key, _G.c.variant == variant)
+                .values(hit_count=_G.c.hit_count + n, last_used_at=when)
+            )
+
+    def evict(self, *, max_bytes: int | None = None, older_than: dt.datetime | None = None) -> tuple[int, int]:
+        """Delete least recently used variants: every one last used before ``older_than``,
+        then the oldest until the stored (compressed) payloads total at most ``max_bytes``.
+        Returns ``(entries deleted, stored bytes freed)``."""
+        stored = func.length(_G.c.payload)
+        victims: list[tuple[int, int]] = []
+        if older_than is not None:
+            victims += [
+                (int(i), int(n))
+                for i, n in self.session.execute(select(_G.c.id, stored).where(_G.c.last_used_at < older_than))
+            ]
+        if max_bytes is not None:
+            chosen = {i for i, _ in victims}
+            total = int(self.session.execute(select(func.coalesce(func.sum(stored), 0))).scalar_one())
+            total -= sum(n for _, n in victims)
+            if total > max_bytes:
+                for row_id, n in self.session.execute(
+                    select(_G.c.id, stored).order_by(_G.c.last_used_at, _G.c.id).execution_options(yield_per=500)
+                ):
+                    if total <= max_bytes:
+                        break
+                    if row_id not in chosen:
+                        victims.append((row_id, n))
+                        total -= n
+        ids = [i for i, _ in victims]
+        for start in range(0, len(ids), 500):
+            self.session.execute(delete(_G).where(_G.c.id.in_(ids[start:start + 500])))
+        return len(ids), sum(n for _, n in victims)
 
     def record_hit(self, kind: str, key: str, variant: str) -> None:
         self.session.execute(
@@ -119,15 +197,16 @@ class GuardedEntryRepository:
     def iter_all(self, kind: str | None = None) -> Iterator[StoredVariant]:
         """Every stored variant (payloads verified), ordered by kind, key and variant."""
         stmt = select(
-            _G.c.kind, _G.c.key, _G.c.variant, _G.c.payload, _G.c.size_bytes, _G.c.checksum, _G.c.guards_expr
+            _G.c.kind, _G.c.key, _G.c.variant, _G.c.payload, _G.c.size_bytes, _G.c.checksum,
+            _G.c.guards_expr, _G.c.signature,
         ).order_by(_G.c.kind, _G.c.key, _G.c.variant)
         if kind is not None:
             stmt = stmt.where(_G.c.kind == kind)
-        for k, key, variant, blob, size, digest, guards in self.session.execute(
+        for k, key, variant, blob, size, digest, guards, signature in self.session.execute(
             stmt.execution_options(yield_per=64)
         ):
-            where = f"{k}/{key}/{variant}"
-            yield StoredVariant(k, key, variant, unpack(blob, size, digest, where=where), guards)
+            payload = self._load(k, key, variant, blob, size, digest, signature)
+            yield StoredVariant(k, key, variant, payload, guards)
 
     def count(self, kind: str | None = None) -> int:
         stmt = select(func.count()).select_from(_G)
