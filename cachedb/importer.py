@@ -26,7 +26,6 @@ from pathlib import Path
 
 from . import _local_cache_doc as doc
 from ._errors import BadInputError, CacheDBError, NotAnInductorCacheError
-from ._pickle_scan import read_entry_fields
 from .cutlass_ops import infer_arch, parse_op_list
 from .db import CacheDB, Repos
 from .fingerprint import Fingerprint
@@ -201,17 +200,7 @@ class Importer:
             key, variant = parts[-2], parts[-1]
             if sha256_hash(data) != variant:
                 raise BadInputError(item.rel, "file name is not sha256_hash of its bytes (renamed or corrupted)")
-            fields = read_entry_fields(data, where=item.rel)
-            _, added = repos.guarded.put(
-                item.kind,
-                key,
-                data,
-                guards_expr=fields.guards_expr,
-                guards_known=fields.guards_known,
-                guards_note=fields.reason,
-                time_taken_ns=fields.time_taken_ns,
-                fingerprint_id=fp_id,
-            )
+            _, added = repos.guarded.put_pickled(item.kind, key, data, fingerprint_id=fp_id, where=item.rel)
             (report.added if added else report.unchanged)[item.kind] += 1
         elif item.kind == "cache":
             self._import_local_cache(repos, item, data, report)

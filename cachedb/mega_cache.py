@@ -40,7 +40,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ._errors import BadInputError, CacheDBError, TorchUnavailableError
-from ._pickle_scan import read_entry_fields
 from .db import CacheDB, Repos
 from .fingerprint import Fingerprint
 from .importer import Problem
@@ -262,17 +261,7 @@ def _store_one(repos: Repos, type_: str, key: str, content: bytes, fp_id: int | 
     else:
         if not _GUARDED_KEY[type_].fullmatch(key):
             raise BadInputError(where, f"unexpected key: expected {_GUARDED_KEY[type_].pattern}")
-        fields = read_entry_fields(content, where=where)
-        _, added = repos.guarded.put(
-            kind,
-            key,
-            content,
-            guards_expr=fields.guards_expr,
-            guards_known=fields.guards_known,
-            guards_note=fields.reason,
-            time_taken_ns=fields.time_taken_ns,
-            fingerprint_id=fp_id,
-        )
+        _, added = repos.guarded.put_pickled(kind, key, content, fingerprint_id=fp_id, where=where)
     (report.added if added else report.unchanged)[kind] += 1
 
 

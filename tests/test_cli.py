@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
+from click.testing import CliRunner, Result
 
 from cachedb import CacheDB
 from cachedb.cli import main
@@ -19,16 +19,15 @@ from cachedb.models import GuardedEntry
 COMMANDS = ["init", "import", "export", "stats", "query", "upgrade", "verify", "prune", "run"]
 
 
-def run(*args: str) -> "click.testing.Result":  # noqa: F821
-    result = CliRunner().invoke(main, list(args), catch_exceptions=False)
-    return result
+def run(*args: str) -> Result:
+    return CliRunner().invoke(main, list(args), catch_exceptions=False)
 
 
 @pytest.mark.parametrize("command", COMMANDS)
 def test_every_command_has_help_with_an_example(command: str) -> None:
     result = run(command, "--help")
     assert result.exit_code == 0
-    assert "Example:" in result.output and f"cachedb --db" in result.output
+    assert "Example:" in result.output and "cachedb --db" in result.output
 
 
 def test_python_dash_m(tmp_path: Path) -> None:

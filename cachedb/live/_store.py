@@ -22,7 +22,6 @@ from .._trust import untrusted_reason
 from ..db import CacheDB, Repos
 from ..models import utcnow
 from ..fingerprint import current as current_fingerprint
-from ..keys import sha256_hash
 from ..repositories.local_values import current_for_namespace
 from ..repositories.timings import current_for_op, next_position
 
@@ -184,21 +183,9 @@ class LiveStore:
         self.safely("hit count write", None, write)
 
     def guarded_put(self, kind: str, key: str, content: bytes) -> None:
-        from .._pickle_scan import read_entry_fields
-
         def write() -> None:
-            fields = read_entry_fields(content, where=f"{kind}/{key}/{sha256_hash(content)}")
             with self.db.transaction() as repos:
-                repos.guarded.put(
-                    kind,
-                    key,
-                    content,
-                    guards_expr=fields.guards_expr,
-                    guards_known=fields.guards_known,
-                    guards_note=fields.reason,
-                    time_taken_ns=fields.time_taken_ns,
-                    fingerprint_id=self._fingerprint_id(repos),
-                )
+                repos.guarded.put_pickled(kind, key, content, fingerprint_id=self._fingerprint_id(repos))
                 self._take_hits(repos)
             log.debug("%s write %s", kind, key)
 

@@ -15,6 +15,7 @@ from sqlalchemy import delete
 
 from .._errors import CorruptPayloadError
 from .._payload import pack, unpack
+from .._pickle_scan import read_entry_fields
 from .._signing import Signer
 from ..keys import sha256_hash
 from ..models import GUARDED_KINDS, GuardedEntry, QuarantinedEntry, utcnow
@@ -102,6 +103,24 @@ class GuardedEntryRepository:
             },
         )
         return variant, True
+
+    def put_pickled(
+        self, kind: str, key: str, payload: bytes, *, fingerprint_id: int | None = None, where: str | None = None
+    ) -> tuple[str, bool]:
+        """:meth:`put` with ``guards_expr`` and the compile time read from the pickle's opcode
+        stream (:func:`cachedb._pickle_scan.read_entry_fields`; nothing is unpickled).
+        Raises :class:`~cachedb.PickleScanError` for a truncated or malformed pickle."""
+        fields = read_entry_fields(payload, where=where or f"{kind}/{key}")
+        return self.put(
+            kind,
+            key,
+            payload,
+            guards_expr=fields.guards_expr,
+            guards_known=fields.guards_known,
+            guards_note=fields.reason,
+            time_taken_ns=fields.time_taken_ns,
+            fingerprint_id=fingerprint_id,
+        )
 
     def candidates(self, kind: str, key: str) -> list[tuple[str, bytes]]:
         """``[(variant, payload bytes), ...]`` of ``key`` in Inductor's candidate order
