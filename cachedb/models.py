@@ -164,7 +164,7 @@ class AutotuneTiming(Base):
     precision: Mapped[str] = mapped_column(String(16))
     choice_hash: Mapped[str] = mapped_column(Text)
     timing_ms: Mapped[float] = mapped_column(Float)
-    position: Mapped[int] = mapped_column(BigInteger)
+    position: Mapped[int] = mapped_column(BigInteger, index=True)
     recorded_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
     fingerprint: Mapped[SystemFingerprint] = relationship()
@@ -190,7 +190,7 @@ class LocalCacheValue(Base):
     namespace: Mapped[str] = mapped_column(String(256), index=True)
     key_path: Mapped[str] = mapped_column(Text)
     value_json: Mapped[str] = mapped_column(Text)
-    position: Mapped[int] = mapped_column(BigInteger)
+    position: Mapped[int] = mapped_column(BigInteger, index=True)
     updated_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
     fingerprint: Mapped[SystemFingerprint] = relationship()

@@ -31,13 +31,25 @@ _FOR_INPUTS_NO_HINT = _FOR_INPUTS.where(_T.c.hint_override.is_(None))
 _FOR_INPUTS_HINT = _FOR_INPUTS.where(_T.c.hint_override == bindparam("hint_override"))
 
 
-def next_position(session: Session) -> int:
-    """The next free document position, shared by timings and LocalCache values."""
-    top = max(
-        session.execute(select(func.max(_T.c.position))).scalar() or -1,
-        session.execute(select(func.max(_V.c.position))).scalar() or -1,
+_GROUP_POSITIONS = (
+    select(_T.c.choice_hash, func.min(_T.c.position))
+    .where(
+        _T.c.fingerprint_id == bindparam("fingerprint_id"),
+        _T.c.op == bindparam("op"),
+        _T.c.inputs == bindparam("inputs"),
+        _T.c.precision == bindparam("precision"),
     )
-    return int(top) + 1
+    .group_by(_T.c.choice_hash)
+)
+_MAX_T = select(func.max(_T.c.position))
+_MAX_V = select(func.max(_V.c.position))
+
+
+def next_position(session: Session) -> int:
+    """The next free document position, shared by timings and LocalCache values (two indexed
+    MAX lookups)."""
+    tops = [session.execute(stmt).scalar() for stmt in (_MAX_T, _MAX_V)]
+    return max((int(t) for t in tops if t is not None), default=-1) + 1
 
 
 class AutotuneTimingRepository:
@@ -56,13 +68,16 @@ class AutotuneTimingRepository:
     ) -> int:
         """Append one benchmark row per choice (``{choice_hash: milliseconds}``). Returns the
         number of rows added. Existing rows are history and stay."""
-        current = self.current_paths([fingerprint_id])
+        group = _GROUP_POSITIONS.where(
+            _T.c.hint_override.is_(None) if hint_override is None else _T.c.hint_override == hint_override
+        )
+        params = {"fingerprint_id": fingerprint_id, "op": op, "inputs": inputs, "precision": precision}
+        first_positions = {choice: pos for choice, pos in self.session.execute(group, params)}
         position = next_position(self.session)
         rows = []
         now = utcnow()
         for choice, ms in timings.items():
-            path = (op, inputs, hint_override, precision, choice)
-            known = current.get(path)
+            known = (None, first_positions[choice]) if choice in first_positions else None
             rows.append(
                 {
                     "fingerprint_id": fingerprint_id,

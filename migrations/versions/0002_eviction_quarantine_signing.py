@@ -7,7 +7,8 @@ Create Date: 2026-11-21
 - guarded_entries.last_used_at becomes NOT NULL (backfilled from created_at) and indexed:
   ``cachedb prune`` evicts the least recently used entries first;
 - guarded_entries.signature and best_configs.signature: HMAC-SHA256 under the team's key;
-- quarantined_entries: payloads that failed their checksum or signature, kept for inspection.
+- quarantined_entries: payloads that failed their checksum or signature, kept for inspection;
+- indexes on the document position of timings and LocalCache values (constant-time appends).
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ def upgrade() -> None:
         batch_op.create_index(batch_op.f("ix_guarded_entries_last_used_at"), ["last_used_at"], unique=False)
     with op.batch_alter_table("best_configs", schema=None) as batch_op:
         batch_op.add_column(sa.Column("signature", sa.String(length=64), nullable=True))
+    op.create_index(op.f("ix_autotune_timings_position"), "autotune_timings", ["position"], unique=False)
+    op.create_index(op.f("ix_local_cache_values_position"), "local_cache_values", ["position"], unique=False)
     op.create_table(
         "quarantined_entries",
         sa.Column("id", sa.Integer(), nullable=False),
@@ -46,6 +49,8 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.drop_table("quarantined_entries")
+    op.drop_index(op.f("ix_local_cache_values_position"), table_name="local_cache_values")
+    op.drop_index(op.f("ix_autotune_timings_position"), table_name="autotune_timings")
     with op.batch_alter_table("best_configs", schema=None) as batch_op:
         batch_op.drop_column("signature")
     with op.batch_alter_table("guarded_entries", schema=None) as batch_op:
