@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import threading
 from dataclasses import dataclass
 
 import zstandard
@@ -28,10 +29,18 @@ def checksum(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def pack(data: bytes) -> Packed:
-    """Compress ``data`` (bytes) into a zstd frame that records its content size."""
-    blob = zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_content_size=True).compress(data)
-    return Packed(blob=blob, size_bytes=len(data), checksum=checksum(data))
+_COMPRESSOR = threading.local()
+
+
+def pack(data: bytes, *, digest: bytes | None = None) -> Packed:
+    """Compress ``data`` (bytes) into a zstd frame that records its content size.
+    ``digest``: its SHA-256 digest when the caller already has it (saves hashing twice)."""
+    compressor = getattr(_COMPRESSOR, "c", None)
+    if compressor is None:
+        compressor = _COMPRESSOR.c = zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_content_size=True)
+    blob = compressor.compress(data)
+    hexdigest = digest.hex() if digest is not None else checksum(data)
+    return Packed(blob=blob, size_bytes=len(data), checksum=hexdigest)
 
 
 def unpack(blob: bytes, size_bytes: int, expected_checksum: str, *, where: str) -> bytes:

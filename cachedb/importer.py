@@ -29,6 +29,7 @@ from ._errors import BadInputError, CacheDBError, NotAnInductorCacheError
 from .cutlass_ops import infer_arch, parse_op_list
 from .db import CacheDB, Repos
 from .fingerprint import Fingerprint
+from ._pickle_scan import EntryFields, read_entry_fields
 from .keys import sha256_hash
 from .repositories.timings import next_position
 
@@ -136,6 +137,17 @@ def scan(cache_dir: Path) -> tuple[list[_Item], list[Problem], int]:
     return items, problems, ignored
 
 
+def _check_guarded(item: _Item, data: bytes) -> Problem | EntryFields:
+    """The scanned fields of a guarded entry file, or why it cannot be imported: its name
+    must be ``sha256_hash`` of its bytes (as Inductor names it) and its pickle must scan."""
+    if sha256_hash(data) != item.rel.split("/")[-1]:
+        return Problem(item.rel, "file name is not sha256_hash of its bytes (renamed or corrupted)")
+    try:
+        return read_entry_fields(data, where=item.rel)
+    except BadInputError as exc:
+        return Problem(item.rel, exc.reason)
+
+
 class Importer:
     """Imports cache directories into ``db``.
 
@@ -175,15 +187,33 @@ class Importer:
         return report
 
     def _import_batch(self, batch: list[_Item], report: ImportReport) -> int:
+        """One transaction per batch. Guarded entries are checked (name = ``sha256_hash`` of
+        the bytes, pickle scannable) before the transaction and then written in bulk; other
+        files go one by one, each in a savepoint so a bad one leaves the rest."""
+        guarded: list[tuple[_Item, bytes, EntryFields]] = []
+        others: list[tuple[_Item, bytes]] = []
+        for item in batch:
+            try:
+                data = item.path.read_bytes()
+            except OSError as exc:
+                report.problems.append(Problem(item.rel, f"cannot read: {exc}"))
+                continue
+            report.bytes_read += len(data)
+            if item.kind in ("fxgraph", "aotautograd"):
+                checked = _check_guarded(item, data)
+                if isinstance(checked, Problem):
+                    report.problems.append(checked)
+                else:
+                    guarded.append((item, data, checked))
+            else:
+                others.append((item, data))
         with self.db.transaction() as repos:
             fp_id = repos.fingerprints.ensure(self.fingerprint) if self.fingerprint else None
-            for item in batch:
-                try:
-                    data = item.path.read_bytes()
-                except OSError as exc:
-                    report.problems.append(Problem(item.rel, f"cannot read: {exc}"))
-                    continue
-                report.bytes_read += len(data)
+            if guarded:
+                entries = [(i.kind, i.rel.split("/")[-2], data, fields) for i, data, fields in guarded]
+                for (item, _, _), added in zip(guarded, repos.guarded.put_many_pickled(entries, fingerprint_id=fp_id)):
+                    (report.added if added else report.unchanged)[item.kind] += 1
+            for item, data in others:
                 try:
                     with repos.session.begin_nested():
                         self._import_one(repos, item, data, fp_id, report)
@@ -195,14 +225,7 @@ class Importer:
     def _import_one(
         self, repos: Repos, item: _Item, data: bytes, fp_id: int | None, report: ImportReport
     ) -> None:
-        if item.kind in ("fxgraph", "aotautograd"):
-            parts = item.rel.split("/")
-            key, variant = parts[-2], parts[-1]
-            if sha256_hash(data) != variant:
-                raise BadInputError(item.rel, "file name is not sha256_hash of its bytes (renamed or corrupted)")
-            _, added = repos.guarded.put_pickled(item.kind, key, data, fingerprint_id=fp_id, where=item.rel)
-            (report.added if added else report.unchanged)[item.kind] += 1
-        elif item.kind == "cache":
+        if item.kind == "cache":
             self._import_local_cache(repos, item, data, report)
         elif item.kind == "best_config":
             try:

@@ -151,6 +151,11 @@ def sha256_hash(data: KeyComponent) -> str:
     return _b32_51(hashlib.sha256(_to_bytes(data)).digest())
 
 
+def sha256_digest_name(digest: bytes) -> str:
+    """:func:`sha256_hash` from an already computed SHA-256 ``digest`` (32 bytes)."""
+    return _b32_51(digest)
+
+
 def code_hash(code: KeyComponent, extra: KeyComponent = "") -> str:
     """Key of a generated module (``PyCodeCache``, ``CppCodeCache``, ...): ``"c" + b32_51(...)``.
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator
+import hashlib
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from sqlalchemy import bindparam, func, insert, select, update
@@ -15,9 +16,9 @@ from sqlalchemy import delete
 
 from .._errors import CorruptPayloadError
 from .._payload import pack, unpack
-from .._pickle_scan import read_entry_fields
+from .._pickle_scan import EntryFields, read_entry_fields
 from .._signing import Signer
-from ..keys import sha256_hash
+from ..keys import sha256_digest_name
 from ..models import GUARDED_KINDS, GuardedEntry, QuarantinedEntry, utcnow
 
 _G = GuardedEntry.__table__
@@ -78,11 +79,12 @@ class GuardedEntryRepository:
         """Store one variant. Returns ``(variant, inserted)``; an identical variant (same
         kind, key and payload hash) is kept as it is and ``inserted`` is False."""
         _check_kind(kind)
-        variant = sha256_hash(payload)
+        digest = hashlib.sha256(payload).digest()
+        variant = sha256_digest_name(digest)
         params = {"kind": kind, "key": key, "variant": variant}
         if self.session.execute(_EXISTS, params).first() is not None:
             return variant, False
-        packed = pack(payload)
+        packed = pack(payload, digest=digest)
         now = utcnow()
         self.session.execute(
             _INSERT,
@@ -103,6 +105,48 @@ class GuardedEntryRepository:
             },
         )
         return variant, True
+
+    def put_many_pickled(
+        self, entries: Sequence[tuple[str, str, bytes, EntryFields | None]], *, fingerprint_id: int | None = None
+    ) -> list[bool]:
+        """Store many ``(kind, key, payload, fields)`` at once (bulk import): one query finds
+        the variants already stored, one multi-row INSERT adds the rest. ``fields`` are the
+        pickle's scanned fields, or ``None`` to scan here (a bad pickle then raises
+        :class:`~cachedb.PickleScanError` before anything is written). Returns, per entry,
+        whether it was added."""
+        for kind, *_ in entries:
+            _check_kind(kind)
+        keys = sorted({key for _, key, _, _ in entries})
+        existing: set[tuple[str, str, str]] = set()
+        for start in range(0, len(keys), 500):
+            chunk = keys[start:start + 500]
+            existing.update(
+                (k, key, v) for k, key, v in self.session.execute(
+                    select(_G.c.kind, _G.c.key, _G.c.variant).where(_G.c.key.in_(chunk))
+                )
+            )
+        rows, added, now = [], [], utcnow()
+        for kind, key, payload, scanned in entries:
+            digest = hashlib.sha256(payload).digest()
+            variant = sha256_digest_name(digest)
+            if (kind, key, variant) in existing:
+                added.append(False)
+                continue
+            existing.add((kind, key, variant))
+            fields = scanned or read_entry_fields(payload, where=f"{kind}/{key}/{variant}")
+            packed = pack(payload, digest=digest)
+            rows.append({
+                "kind": kind, "key": key, "variant": variant,
+                "guards_expr": fields.guards_expr, "guards_known": fields.guards_known,
+                "guards_note": fields.reason, "payload": packed.blob, "size_bytes": packed.size_bytes,
+                "checksum": packed.checksum, "time_taken_ns": fields.time_taken_ns,
+                "created_at": now, "last_used_at": now, "hit_count": 0, "fingerprint_id": fingerprint_id,
+                "signature": self.signer.guarded(kind, key, variant, packed.checksum) if self.signer else None,
+            })
+            added.append(True)
+        if rows:
+            self.session.execute(_INSERT, rows)
+        return added
 
     def put_pickled(
         self, kind: str, key: str, payload: bytes, *, fingerprint_id: int | None = None, where: str | None = None
