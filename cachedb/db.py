@@ -144,6 +144,16 @@ class CacheDB:
                     yield Repos(session, self.signer)
                     txn.rollback()
 
+    @contextmanager
+    def lookup(self) -> Iterator[Repos]:
+        """A read-only snapshot for hot paths: the repositories run their prebuilt Core
+        statements on a plain :class:`~sqlalchemy.Connection` (no ORM :class:`Session`).
+        Only repository methods that execute statements work here (all lookups do)."""
+        with self.engine.connect() as conn:
+            with conn.begin() as txn:
+                yield Repos(conn, self.signer)  # type: ignore[arg-type]
+                txn.rollback()
+
     def close(self) -> None:
         self.engine.dispose()
 

@@ -124,7 +124,7 @@ class LiveStore:
             db = self.db
             if self.pickles_refused is not None:
                 return []
-            with db.read() as repos:
+            with db.lookup() as repos:
                 for variant, load in repos.guarded.raw_candidates(kind, key):
                     try:
                         out.append((variant, load()))
@@ -200,7 +200,7 @@ class LiveStore:
         """``(found, value)`` of ``cache[key]`` for ``system_hash`` (timings or a value)."""
 
         def read() -> tuple[bool, Any]:
-            with self.db.read() as repos:
+            with self.db.lookup() as repos:
                 fp_ids = repos.fingerprints.ids_for_system_hash(system_hash)
                 if not fp_ids:
                     return False, None
@@ -253,7 +253,7 @@ class LiveStore:
 
     def best_config_get(self, key: str) -> bytes | None:
         def read() -> bytes | None:
-            with self.db.read() as repos:
+            with self.db.lookup() as repos:
                 content = repos.best_configs.get(key)
             return None if content is None else content.encode("utf-8")
 
@@ -273,7 +273,7 @@ class LiveStore:
 
     def cutlass_get(self, request_key: str) -> bytes | None:
         def read() -> bytes | None:
-            with self.db.read() as repos:
+            with self.db.lookup() as repos:
                 return repos.cutlass.get(request_key)
 
         return self.safely("CUTLASS op list lookup", None, read)
