@@ -1,0 +1,116 @@
+"""``python -m benchmarks [--quick] [--only NAME,...] [--out DIR] [--keep-scratch]``.
+
+Runs the selected sections in one process (warm starts and concurrency use subprocesses),
+prints the Markdown table of ratios and writes ``latest.json`` / ``latest.md`` to ``--out``
+(default ``benchmarks/results/``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+# Compile workers: one, in-process (a 2-core machine gains nothing from a pool, and each
+# warm-start subprocess would pay for starting it). Set before torch is imported.
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+
+from . import (  # noqa: E402
+    s1_warm_start,
+    s2_timings,
+    s3_best_configs,
+    s4_guarded,
+    s5_import,
+    s6_concurrency,
+    s7_disk,
+)
+from ._context import Context  # noqa: E402
+from ._report import SectionResult, machine_info, now_iso, write  # noqa: E402
+
+#: name -> module with NAME, TITLE and run(ctx), in the order sections run (§1 first: §7
+#: reuses its cold cache directory in quick runs).
+SECTIONS: dict[str, object] = {
+    m.NAME: m
+    for m in (s1_warm_start, s2_timings, s3_best_configs, s4_guarded, s5_import, s6_concurrency, s7_disk)
+}
+#: Display order (§ numbers of the issue).
+ORDER = ["warm_start", "timings", "best_configs", "guarded", "import", "concurrency", "disk"]
+
+DEFAULT_OUT = Path(__file__).resolve().parent / "results"
+
+
+def _loadavg() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):
+        return None
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="smaller sizes, fewer repetitions (CI smoke test)")
+    parser.add_argument("--only", default="", help=f"comma-separated sections: {','.join(ORDER)}")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results directory (default: %(default)s)")
+    parser.add_argument("--scratch", type=Path, default=None, help="parent of the scratch directory (default: $TMPDIR)")
+    parser.add_argument("--keep-scratch", action="store_true", help="do not delete the scratch directory")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    names = [n.strip() for n in args.only.split(",") if n.strip()] or list(ORDER)
+    unknown = [n for n in names if n not in SECTIONS]
+    if unknown:
+        print(f"unknown section(s): {', '.join(unknown)}; known: {', '.join(ORDER)}", file=sys.stderr)
+        return 2
+    scratch = Path(tempfile.mkdtemp(prefix="cachedb-bench-", dir=args.scratch))
+    ctx = Context(quick=args.quick, scratch=scratch, verbose=not args.quiet)
+    load_start = _loadavg()
+    results: dict[str, SectionResult] = {}
+    t_run = time.perf_counter()
+    try:
+        for name, module in SECTIONS.items():
+            if name not in names:
+                continue
+            run: Callable[[Context], SectionResult] = module.run  # type: ignore[attr-defined]
+            ctx.log(f"== {name}: {module.TITLE}")  # type: ignore[attr-defined]
+            t0 = time.perf_counter()
+            try:
+                res = run(ctx)
+            except Exception as exc:  # one failed section must not lose the others' numbers
+                traceback.print_exc()
+                res = SectionResult(name, module.TITLE, error=f"{type(exc).__name__}: {exc}")  # type: ignore[attr-defined]
+            res.seconds = time.perf_counter() - t0
+            results[name] = res
+            ctx.log(f"== {name} done in {res.seconds:.1f}s")
+    finally:
+        if not args.keep_scratch:
+            shutil.rmtree(scratch, ignore_errors=True)
+        else:
+            ctx.log(f"scratch kept at {scratch}")
+    ordered = [results[n] for n in ORDER if n in results]
+    meta = {
+        "created": now_iso(),
+        "quick": args.quick,
+        "sections_run": [r.name for r in ordered],
+        "total_seconds": round(time.perf_counter() - t_run, 1),
+        "command": "python -m benchmarks " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "machine": machine_info(),
+        # Other processes on the machine skew timings: the 1-minute load average at start/end.
+        "load_average_1min": {"start": load_start, "end": _loadavg()},
+    }
+    json_path, md_path, md = write(args.out, ordered, meta)
+    print(md)
+    print(f"wrote {json_path} and {md_path}", file=sys.stderr)
+    return 1 if any(r.error for r in ordered) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

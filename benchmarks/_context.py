@@ -1,0 +1,73 @@
+"""What every section gets: the run's options, a scratch directory and a logger."""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+#: The repository root (benchmarks/ lives at its top level).
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class Context:
+    """Options and scratch space of one ``python -m benchmarks`` run.
+
+    ``quick`` selects smaller sizes and fewer repetitions; ``scratch`` is a temporary directory
+    removed at the end of the run; ``shared`` lets a section leave artifacts (e.g. a real cache
+    directory) for a later one.
+    """
+
+    quick: bool
+    scratch: Path
+    verbose: bool = True
+    shared: dict[str, Any] = field(default_factory=dict)
+    started: float = field(default_factory=time.perf_counter)
+
+    def log(self, msg: str) -> None:
+        if self.verbose:
+            elapsed = time.perf_counter() - self.started
+            print(f"[{elapsed:7.1f}s] {msg}", file=sys.stderr, flush=True)
+
+    def tmpdir(self, prefix: str) -> Path:
+        """A new empty directory under the scratch directory."""
+        return Path(tempfile.mkdtemp(prefix=prefix, dir=self.scratch))
+
+
+@contextmanager
+def fresh_torch_cache(ctx: Context, prefix: str = "inductor") -> Iterator[Path]:
+    """Point torch's Inductor caches at a new empty directory, with torch's own machinery.
+
+    ``torch._inductor.utils.fresh_cache`` clears every ``clear_on_fresh_cache`` memo
+    (``CacheBase.get_local_cache_path``, ...), sets ``TORCHINDUCTOR_CACHE_DIR`` (and
+    ``TRITON_CACHE_DIR``) to a new temporary directory and restores both afterwards. The
+    directory is kept (the scratch directory is removed at the end of the run).
+    """
+    from torch._inductor.utils import clear_caches, fresh_cache
+
+    parent = ctx.tmpdir(prefix)
+    with fresh_cache(dir=str(parent), delete=False):
+        yield Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+    clear_caches()
+
+
+class FakeChoice:
+    """A ``ChoiceCaller`` as ``PersistentCache.lookup`` sees it: only ``hash_key()`` is used."""
+
+    __slots__ = ("_hash",)
+
+    def __init__(self, choice_hash: str) -> None:
+        self._hash = choice_hash
+
+    def hash_key(self) -> str:
+        return self._hash
+
+    def __repr__(self) -> str:
+        return f"FakeChoice({self._hash!r})"

@@ -1,0 +1,196 @@
+"""Result rows, the Markdown table and the JSON document written to ``benchmarks/results/``."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import platform
+import sqlite3
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ._stats import Dist, sig
+
+#: Version of the JSON layout below; bump on incompatible changes.
+SCHEMA_VERSION = 1
+
+
+@dataclass
+class Row:
+    """One comparison: cachedb against a baseline on the same case, in the same unit.
+
+    ``ratio`` = cachedb median / baseline median (for times: below 1 means cachedb is faster).
+    Rows without a baseline carry an absolute number (``cachedb`` only) and ``ratio`` None.
+    """
+
+    case: str
+    cachedb: Dist | None
+    baseline: Dist | None = None
+    baseline_name: str = ""
+    target: str = ""
+    met: bool | None = None
+    note: str = ""
+
+    @property
+    def ratio(self) -> float | None:
+        if self.cachedb is None or self.baseline is None or self.baseline.median == 0:
+            return None
+        return self.cachedb.median / self.baseline.median
+
+    def to_json(self) -> dict[str, Any]:
+        ratio = self.ratio
+        return {
+            "case": self.case,
+            "unit": (self.cachedb or self.baseline).unit if (self.cachedb or self.baseline) else None,
+            "cachedb": self.cachedb.to_json() if self.cachedb else None,
+            "baseline": self.baseline.to_json() if self.baseline else None,
+            "baseline_name": self.baseline_name,
+            "ratio": None if ratio is None else round(ratio, 5),
+            "target": self.target,
+            "met": self.met,
+            "note": self.note,
+        }
+
+
+@dataclass
+class SectionResult:
+    """What one section measured: its rows, free-form notes and any extra numbers."""
+
+    name: str
+    title: str
+    rows: list[Row] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+    error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "title": self.title,
+            "seconds": round(self.seconds, 2),
+            "rows": [r.to_json() for r in self.rows],
+            "notes": self.notes,
+            "extra": self.extra,
+            "error": self.error,
+        }
+
+
+def machine_info() -> dict[str, Any]:
+    """Where the numbers were taken: CPU, cores, Python, torch, SQLite, OS."""
+    cpu = None
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    try:
+        import torch
+
+        torch_version: str | None = str(torch.__version__)
+    except ImportError:
+        torch_version = None
+    return {
+        "cpu": cpu or platform.processor(),
+        "cores": os.cpu_count(),
+        "python": sys.version.split()[0],
+        "torch": torch_version,
+        "sqlite": sqlite3.sqlite_version,
+        "platform": platform.platform(),
+    }
+
+
+def _fmt_ratio(row: Row) -> str:
+    ratio = row.ratio
+    if ratio is None:
+        return "—"
+    return f"{sig(ratio)}x"
+
+
+def _fmt_met(met: bool | None) -> str:
+    return {True: "yes", False: "**no**", None: ""}[met]
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def markdown(results: list[SectionResult], meta: dict[str, Any]) -> str:
+    """The Markdown report: one table of every row, then each section's notes."""
+    m = meta["machine"]
+    lines = [
+        f"# cachedb benchmarks ({'quick' if meta['quick'] else 'full'} run, {meta['created']})",
+        "",
+        f"{m['cpu']}, {m['cores']} cores; Python {m['python']}, torch {m['torch']}, "
+        f"SQLite {m['sqlite']}; 1-min load average {meta.get('load_average_1min', {}).get('start')} at start, "
+        f"{meta.get('load_average_1min', {}).get('end')} at end. Values: median [p10–p90] over n repetitions; "
+        "ratio = cachedb median / baseline median (for times, < 1 means cachedb is faster).",
+        "",
+        "| § | case | unit | cachedb | baseline | vs | ratio | n (cachedb/base) | target | met |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for idx, res in enumerate(results, 1):
+        if res.error:
+            lines.append(f"| {res.name} | **failed**: {_cell(res.error)} | | | | | | | | |")
+        for row in res.rows:
+            unit = (row.cachedb or row.baseline).unit if (row.cachedb or row.baseline) else ""
+            n_c = str(row.cachedb.n) if row.cachedb else "—"
+            n_b = str(row.baseline.n) if row.baseline else "—"
+            lines.append(
+                "| "
+                + " | ".join(
+                    _cell(x)
+                    for x in (
+                        res.name,
+                        row.case,
+                        unit,
+                        row.cachedb.fmt() if row.cachedb else "—",
+                        row.baseline.fmt() if row.baseline else "—",
+                        row.baseline_name,
+                        _fmt_ratio(row),
+                        f"{n_c}/{n_b}",
+                        row.target,
+                        _fmt_met(row.met),
+                    )
+                )
+                + " |"
+            )
+    lines.append("")
+    for res in results:
+        if not res.notes:
+            continue
+        lines.append(f"**{res.name}** — {res.title} ({res.seconds:.0f} s)")
+        lines.append("")
+        lines.extend(f"- {note}" for note in res.notes)
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def document(results: list[SectionResult], meta: dict[str, Any]) -> dict[str, Any]:
+    """The JSON document: run metadata plus every section's rows, notes and extras."""
+    return {
+        "schema": SCHEMA_VERSION,
+        **meta,
+        "sections": {res.name: res.to_json() for res in results},
+    }
+
+
+def write(out_dir: Path, results: list[SectionResult], meta: dict[str, Any]) -> tuple[Path, Path, str]:
+    """Write ``latest.json`` and ``latest.md`` under ``out_dir``; returns both paths and the
+    Markdown text."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    md = markdown(results, meta)
+    json_path = out_dir / "latest.json"
+    md_path = out_dir / "latest.md"
+    json_path.write_text(json.dumps(document(results, meta), indent=1, sort_keys=False) + "\n")
+    md_path.write_text(md)
+    return json_path, md_path, md
+
+
+def now_iso() -> str:
+    return dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat()

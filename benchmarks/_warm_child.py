@@ -1,0 +1,149 @@
+"""One warm-start sample of §1, in a fresh interpreter (torch keeps in-process caches).
+
+``python -m benchmarks._warm_child MODE --cache-dir DIR --t0 EPOCH [--db PATH] [--mega FILE]
+[--save-mega FILE] [--models mlp,dynamic,gemm]`` where ``MODE`` is
+
+- ``files``: compile with ``TORCHINDUCTOR_CACHE_DIR=DIR`` (cold if DIR is empty, warm from
+  local files if it is populated);
+- ``mega``: ``torch.compiler.load_cache_artifacts(FILE bytes)`` into the empty DIR, then
+  compile;
+- ``cachedb``: compile with the database: ``with cachedb.installed(db)`` (or, if the parent
+  passes ``--cachedb-via export``, ``cachedb.exporter.export_cache_dir(db, DIR)`` first);
+- ``cachedb-cold``: like ``cachedb`` with an empty database (cold compile writing to it).
+
+``--t0`` is the parent's ``time.time()`` just before it started this process, so the reported
+``wall_s`` covers interpreter start, imports, setup and the compiles (not the teardown, nor
+``--save-mega``). Prints one JSON line with the breakdown: imports, setup, each model, time in
+C++ builds (``CppBuilder.build``: the kernels' ``.so`` files are not in any cache but the
+directory's own), cache hit/miss counters and Inductor's top ``dynamo_timed`` phases.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load_build_cache() -> Any:
+    """examples/build_cache.py as a module (its workload functions are reused)."""
+    spec = importlib.util.spec_from_file_location("_bench_build_cache", REPO_ROOT / "examples" / "build_cache.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("mode", choices=["files", "mega", "cachedb", "cachedb-cold"])
+    parser.add_argument("--cache-dir", required=True)
+    parser.add_argument("--t0", type=float, required=True)
+    parser.add_argument("--db")
+    parser.add_argument("--mega")
+    parser.add_argument("--save-mega")
+    parser.add_argument("--cachedb-via", choices=["installed", "export"], default="installed")
+    parser.add_argument("--models", default="mlp,dynamic,gemm")
+    args = parser.parse_args(argv)
+
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.abspath(args.cache_dir)
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+    seconds: dict[str, float] = {}
+
+    t = time.perf_counter()
+    import torch
+    import torch._inductor.codecache  # noqa: F401  (part of what any compile imports)
+    from torch._dynamo.utils import compilation_time_metrics, counters
+    from torch._inductor import cpp_builder
+
+    seconds["import_torch"] = time.perf_counter() - t
+
+    # Time spent compiling C++ (kernels and their wrappers): every build goes through here.
+    cpp = {"s": 0.0, "n": 0}
+    original_build = cpp_builder.CppBuilder.build
+
+    def timed_build(self: Any) -> Any:
+        t_b = time.perf_counter()
+        try:
+            return original_build(self)
+        finally:
+            cpp["s"] += time.perf_counter() - t_b
+            cpp["n"] += 1
+
+    cpp_builder.CppBuilder.build = timed_build  # type: ignore[method-assign]
+
+    t = time.perf_counter()
+    bc = _load_build_cache()
+    workloads: dict[str, Callable[[Any], dict[str, Any]]] = {
+        "mlp": bc._workload_mlp,
+        "dynamic": bc._workload_dynamic,
+        "gemm": bc._workload_gemm_autotune,
+    }
+    seconds["import_workloads"] = time.perf_counter() - t
+
+    scope: AbstractContextManager[Any] = nullcontext()
+    t = time.perf_counter()
+    if args.mode == "mega":
+        info = torch.compiler.load_cache_artifacts(Path(args.mega).read_bytes())
+        assert info is not None, "load_cache_artifacts loaded nothing"
+        seconds["setup"] = time.perf_counter() - t
+    elif args.mode in ("cachedb", "cachedb-cold"):
+        import cachedb
+
+        seconds["import_cachedb"] = time.perf_counter() - t
+        t = time.perf_counter()
+        if args.cachedb_via == "export" and args.mode == "cachedb":
+            from cachedb.exporter import export_cache_dir
+
+            with cachedb.CacheDB(args.db) as db:
+                export_cache_dir(db, args.cache_dir)
+        else:
+            scope = cachedb.installed(args.db)
+        seconds["setup"] = time.perf_counter() - t
+
+    results: dict[str, Any] = {}
+    with scope:
+        for name in args.models.split(","):
+            t = time.perf_counter()
+            results[name] = workloads[name](torch)
+            seconds[name] = time.perf_counter() - t
+    wall = time.time() - args.t0
+
+    if args.save_mega:
+        saved = torch.compiler.save_cache_artifacts()
+        assert saved is not None, "save_cache_artifacts returned nothing"
+        Path(args.save_mega).write_bytes(saved[0])
+
+    phases = sorted(
+        ((k, sum(v)) for k, v in compilation_time_metrics.items()), key=lambda kv: -kv[1]
+    )[:8]
+    flat = {k: int(v) for k, v in counters["inductor"].items() if "cache" in k or "autotune" in k}
+    flat.update({k: int(v) for k, v in counters["aot_autograd"].items() if k.startswith("autograd_cache")})
+    print(
+        json.dumps(
+            {
+                "wall_s": wall,
+                "seconds": {k: round(v, 4) for k, v in seconds.items()},
+                "cpp_build_s": round(cpp["s"], 4),
+                "cpp_builds": cpp["n"],
+                "counters": flat,
+                "phases_s": {k: round(v, 3) for k, v in phases},
+                "ok": all(r.get("ok") for r in results.values()),
+            }
+        ),
+        flush=True,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,190 @@
+"""§2 Autotune timings: lookup and record with 1k / 10k / 100k stored timings.
+
+Baseline: torch's own ``PersistentCache`` (torch/_inductor/codecache.py) on a fresh cache dir:
+one JSON document ``cache/<system hash>`` holding every timing, read whole on each lookup and
+rewritten whole (``json.dumps(indent=4)``) on each record. A record is what Inductor does: a
+``PersistentCache.lookup`` that misses, "benchmarks" (a stand-in returning fixed numbers) and
+calls ``update_local_cache``.
+
+cachedb (repositories): a lookup is one ``CacheDB.read()`` snapshot resolving the system
+hash's fingerprints and ``repos.timings.lookup(...)`` for one (op, inputs, precision), a hit
+only if every choice is present (as ``PersistentCache.lookup`` decides); a record is one
+``CacheDB.transaction()`` around ``repos.timings.record(...)``. The database holds the same
+timings, imported from the baseline's file with ``Importer``, attributed to this process's
+fingerprint (the one later records use).
+
+cachedb (live): the very same ``PersistentCache.lookup`` calls as the baseline, made inside
+``cachedb.installed(db)``, i.e. what ``torch.compile`` pays with the live backend.
+
+Every (op, inputs) pair has 10 choices; the pairs are spread over 4 ops. Units: ms per call.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import Any
+
+from . import _payloads as P
+from ._context import Context, FakeChoice, fresh_torch_cache
+from ._report import Row, SectionResult
+from ._stats import interleaved, seconds_to, time_ops
+
+NAME = "timings"
+TITLE = "Autotune timings: lookup / record vs PersistentCache JSON"
+
+
+def _sizes(quick: bool) -> list[int]:
+    return [1_000, 10_000] if quick else [1_000, 10_000, 100_000]
+
+
+#: (lookups, records) timed per contender, by number of stored timings.
+_REPS = {1_000: (200, 60), 10_000: (100, 30), 100_000: (30, 8)}
+_QUICK_REPS = {1_000: (60, 20), 10_000: (30, 8)}
+
+
+def _choices(pair: int) -> list[FakeChoice]:
+    return [FakeChoice(h) for h in P.choice_hashes(pair)]
+
+
+def run(ctx: Context) -> SectionResult:
+    import cachedb
+    from cachedb import CacheDB
+    from cachedb.fingerprint import current as current_fingerprint
+    from cachedb.importer import Importer
+    from torch._inductor.codecache import CacheBase, PersistentCache
+
+    res = SectionResult(NAME, TITLE)
+    fp = current_fingerprint()
+    system_hash = CacheBase.get_system()["hash"]
+    res.extra["by_size"] = {}
+
+    for n_timings in _sizes(ctx.quick):
+        n_lookup, n_record = (_QUICK_REPS if ctx.quick else _REPS)[n_timings]
+        n_pairs = n_timings // P.CHOICES_PER_INPUT
+        label = f"{n_timings // 1000}k"
+        with fresh_torch_cache(ctx, f"timings{label}") as cache_dir:
+            ctx.log(f"timings: writing {n_timings} timings with PersistentCache.update_local_cache")
+            PersistentCache().update_local_cache(P.timings_document(n_timings))
+            json_bytes = PersistentCache.get_local_cache_path().stat().st_size
+            db_path = ctx.tmpdir("tdb") / "timings.db"
+            db = CacheDB(db_path)
+            t0 = time.perf_counter()
+            report = Importer(db, fingerprint=fp).run(cache_dir)
+            import_s = time.perf_counter() - t0
+            assert report.added["autotune_timings"] == n_timings, report
+            with db.transaction() as repos:
+                fp_id = repos.fingerprints.ensure(fp)
+
+            rng = random.Random(n_timings)
+            pairs = [rng.randrange(n_pairs) for _ in range(n_lookup + 5)]
+
+            def lookup_files(i: int) -> None:
+                op, inputs = P.timing_key(pairs[i])
+                got = PersistentCache().lookup(_choices(pairs[i]), op, inputs, None)
+                assert len(got) == P.CHOICES_PER_INPUT
+
+            def lookup_cachedb(i: int) -> None:
+                op, inputs = P.timing_key(pairs[i])
+                wanted = P.choice_hashes(pairs[i])
+                with db.read() as repos:
+                    ids = repos.fingerprints.ids_for_system_hash(system_hash)
+                    got = repos.timings.lookup(ids, op, inputs, P.PRECISION)
+                assert all(c in got for c in wanted)
+
+            ctx.log(f"timings {label}: {n_lookup} lookups per contender")
+            lookups = interleaved({"files": lookup_files, "cachedb": lookup_cachedb}, n_lookup, warmup=3)
+
+            # Records: every call adds a new (op, inputs) pair with 10 choices; disjoint ranges
+            # per contender (the live backend shares the database with the repository calls).
+            def new_pair(kind: int, i: int) -> int:
+                return n_pairs + 100_000 * (kind + 1) + i
+
+            def bench(pair: int) -> Any:
+                table = P.timings_for(pair)
+                return lambda choices: {c: table[c.hash_key()] for c in choices}
+
+            def record_files(i: int) -> None:
+                pair = new_pair(0, i)
+                op, inputs = P.timing_key(pair)
+                PersistentCache().lookup(_choices(pair), op, inputs, bench(pair))
+
+            def record_cachedb(i: int) -> None:
+                pair = new_pair(1, i)
+                op, inputs = P.timing_key(pair)
+                with db.transaction() as repos:
+                    repos.timings.record(fp_id, op, inputs, P.PRECISION, P.timings_for(pair))
+
+            ctx.log(f"timings {label}: {n_record} records per contender")
+            records = interleaved({"files": record_files, "cachedb": record_cachedb}, n_record, warmup=2)
+
+            ctx.log(f"timings {label}: the same PersistentCache calls inside cachedb.installed")
+            with cachedb.installed(db_path):
+                live_lookup = time_ops(lookup_files, range(2))  # warm-up: the first opens the DB
+                live_lookup = time_ops(lookup_files, range(2, n_lookup + 2))
+
+                def record_live(i: int) -> None:
+                    pair = new_pair(2, i)
+                    op, inputs = P.timing_key(pair)
+                    PersistentCache().lookup(_choices(pair), op, inputs, bench(pair))
+
+                record_live(10_000)
+                live_record = time_ops(record_live, range(n_record))
+            db.close()
+
+        ms = "ms"
+        base_l = seconds_to(ms, lookups["files"])
+        base_r = seconds_to(ms, records["files"])
+        rows = [
+            Row(f"lookup, {label} stored", seconds_to(ms, lookups["cachedb"]), base_l, "PersistentCache JSON",
+                target="ratio ≤ 0.01 (≥100x) at 100k" if n_timings == 100_000 else ""),
+            Row(f"lookup, {label} stored (live: PersistentCache via cachedb.installed)",
+                seconds_to(ms, live_lookup), base_l, "PersistentCache JSON"),
+            Row(f"record, {label} stored", seconds_to(ms, records["cachedb"]), base_r,
+                "PersistentCache JSON (miss + rewrite)", target="flat in N"),
+            Row(f"record, {label} stored (live: PersistentCache via cachedb.installed)",
+                seconds_to(ms, live_record), base_r, "PersistentCache JSON (miss + rewrite)"),
+        ]
+        if n_timings == 100_000:
+            ratio = rows[0].ratio
+            rows[0].met = ratio is not None and ratio <= 0.01
+        res.rows.extend(rows)
+        res.extra["by_size"][label] = {
+            "json_bytes": json_bytes,
+            "db_bytes": db_path.stat().st_size,
+            "import_seconds": round(import_s, 3),
+            "record_cachedb_median_ms": rows[2].cachedb.median if rows[2].cachedb else None,
+        }
+
+    # Is record flat in N? Compare the median at the largest size with the smallest.
+    by = res.extra["by_size"]
+    sizes = list(by)
+    first, last = by[sizes[0]]["record_cachedb_median_ms"], by[sizes[-1]]["record_cachedb_median_ms"]
+    growth = last / first if first else None
+    res.extra["record_growth"] = growth
+    flat = growth is not None and growth <= 2.0
+    for row in res.rows:
+        if row.target == "flat in N":
+            row.met = flat
+            row.note = f"{sizes[-1]}/{sizes[0]} median growth {growth:.1f}x"
+    if flat:
+        res.notes.append(f"cachedb record median grows {growth:.1f}x from {sizes[0]} to {sizes[-1]} stored timings: flat.")
+    else:
+        res.notes.append(
+            f"cachedb record median grows {growth:.1f}x from {sizes[0]} to {sizes[-1]} stored timings (flat = "
+            "≤ 2x): `AutotuneTimingRepository.record` (cachedb/repositories/timings.py) first loads every "
+            "stored timing of the fingerprint through `current_paths` (to reuse positions), and "
+            "`next_position` takes MAX(position) over both timing and value tables (no index) on every call."
+        )
+    res.notes.append(
+        "Live rows make the same torch `PersistentCache.lookup` calls as the baseline: a lookup goes "
+        "through `LazyLocalCache` → `current_for_op` (cachedb/repositories/timings.py), which loads every "
+        "timing of the op (here 1/4 of all stored timings) to answer one (op, inputs) lookup; a record "
+        "also diffs the whole op dict (`LiveStore.write_changes`) and then calls `record` (above)."
+    )
+    res.notes.append(
+        "JSON document and DB sizes per stored count: "
+        + ", ".join(f"{k}: {v['json_bytes'] / 1e6:.2f} MB JSON vs {v['db_bytes'] / 1e6:.2f} MB DB"
+                    for k, v in by.items())
+    )
+    return res

@@ -1,0 +1,146 @@
+"""§4 Guarded entries (FX graph cache): put and get of 100 KB and 20 MB pickles.
+
+Baseline: torch's own ``FxGraphCache._write_to_local_cache(key, content)`` (``write_atomic``
+to ``fxgraph/<k[1:3]>/<key>/<sha256_hash(content)>``) and
+``FxGraphCache.iterate_over_candidates(True, None, key)`` (list the key's directory, read and
+``pickle.loads`` every variant) on a fresh cache dir.
+
+cachedb (repositories), as a caller must do it: put = ``read_entry_fields`` (the guards
+expression and compile time, read from the pickle's opcodes) + one
+``CacheDB.transaction()`` around ``repos.guarded.put(...)`` (SHA-256 name, zstd level 3,
+checksum, insert); get = one ``CacheDB.read()`` around ``repos.guarded.candidates(...)``
+(decompress, verify) + ``pickle.loads`` of each variant, as Inductor unpickles candidates.
+
+cachedb (live): the same two ``FxGraphCache`` calls inside ``cachedb.installed(db)``.
+
+Payloads: :func:`benchmarks._payloads.fx_entry` (source text, metadata tuples, machine code;
+zstd-3 ratio printed in the notes); each put stores a new key with one variant. Units: ms.
+"""
+
+from __future__ import annotations
+
+import pickle
+import time
+
+import zstandard
+
+from . import _payloads as P
+from ._context import Context, fresh_torch_cache
+from ._report import Row, SectionResult
+from ._stats import interleaved, seconds_to, time_ops
+
+NAME = "guarded"
+TITLE = "Guarded entries: put / get vs FxGraphCache files"
+
+#: (label, payload bytes, repetitions full, repetitions quick)
+CASES = [("100 KB", 100_000, 60, 20), ("20 MB", 20_000_000, 7, 3)]
+
+
+def run(ctx: Context) -> SectionResult:
+    import cachedb
+    from cachedb import CacheDB
+    from cachedb._pickle_scan import read_entry_fields
+    from torch._inductor.codecache import FxGraphCache
+
+    res = SectionResult(NAME, TITLE)
+    res.extra["payloads"] = {}
+    for label, size, reps_full, reps_quick in CASES:
+        reps = reps_quick if ctx.quick else reps_full
+        warm = 1
+        total = 3 * (reps + warm)  # files, cachedb, live: disjoint keys and payloads
+        binary = P.binary_blob(size, 0)
+        ctx.log(f"guarded {label}: building {total} payloads")
+        payloads = [P.fx_entry(size, i, guards_expr=P.GUARDS[i % 4], binary=binary) for i in range(total)]
+        keys = [P.fx_key(10_000 * size + i) for i in range(total)]
+        ratio = len(payloads[0]) / len(zstandard.ZstdCompressor(level=3).compress(payloads[0]))
+        res.extra["payloads"][label] = {"bytes": len(payloads[0]), "zstd3_ratio": round(ratio, 2)}
+
+        def slot(kind: int, i: int) -> int:
+            return kind * (reps + warm) + i
+
+        with fresh_torch_cache(ctx, "guarded") as _cache_dir:
+            db_path = ctx.tmpdir("gdb") / "guarded.db"
+            db = CacheDB(db_path)
+
+            def put_files(i: int) -> None:
+                j = slot(0, i)
+                FxGraphCache._write_to_local_cache(keys[j], payloads[j])
+
+            def put_cachedb(i: int) -> None:
+                j = slot(1, i)
+                fields = read_entry_fields(payloads[j])
+                with db.transaction() as repos:
+                    repos.guarded.put(
+                        "fxgraph", keys[j], payloads[j], guards_expr=fields.guards_expr,
+                        guards_known=fields.guards_known, guards_note=fields.reason,
+                        time_taken_ns=fields.time_taken_ns,
+                    )
+
+            def get_files(i: int) -> None:
+                j = slot(0, i)
+                got = list(FxGraphCache.iterate_over_candidates(True, None, keys[j]))
+                assert len(got) == 1 and got[0][0].nonce == j
+
+            def get_cachedb(i: int) -> None:
+                j = slot(1, i)
+                with db.read() as repos:
+                    found = repos.guarded.candidates("fxgraph", keys[j])
+                entries = [pickle.loads(content) for _variant, content in found]
+                assert len(entries) == 1 and entries[0].nonce == j
+
+            ctx.log(f"guarded {label}: {reps} puts and gets per contender")
+            puts = interleaved({"files": put_files, "cachedb": put_cachedb}, reps, warmup=warm, rounds=min(reps, 5))
+            gets = interleaved({"files": get_files, "cachedb": get_cachedb}, reps, warmup=warm, rounds=min(reps, 5))
+
+            ctx.log(f"guarded {label}: the same FxGraphCache calls inside cachedb.installed")
+            with cachedb.installed(db_path):
+
+                def put_live(i: int) -> None:
+                    j = slot(2, i)
+                    FxGraphCache._write_to_local_cache(keys[j], payloads[j])
+
+                def get_live(i: int) -> None:
+                    j = slot(2, i)
+                    got = list(FxGraphCache.iterate_over_candidates(True, None, keys[j]))
+                    assert len(got) == 1 and got[0][0].nonce == j
+
+                put_live(reps)
+                get_live(reps)
+                live_put = time_ops(put_live, range(reps))
+                live_get = time_ops(get_live, range(reps))
+            # Where a cachedb put's time goes, for the notes: the scan, hashing and zstd alone.
+            t0 = time.perf_counter()
+            read_entry_fields(payloads[0])
+            scan_s = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            zstandard.ZstdCompressor(level=3, write_content_size=True).compress(payloads[0])
+            zstd_s = time.perf_counter() - t0
+            import hashlib
+
+            t0 = time.perf_counter()
+            hashlib.sha256(payloads[0]).digest()
+            sha_s = time.perf_counter() - t0
+            db.close()
+        del payloads
+
+        ms = "ms"
+        base_put, base_get = seconds_to(ms, puts["files"]), seconds_to(ms, gets["files"])
+        res.rows += [
+            Row(f"put {label}", seconds_to(ms, puts["cachedb"]), base_put, "FxGraphCache files"),
+            Row(f"get {label}", seconds_to(ms, gets["cachedb"]), base_get, "FxGraphCache files"),
+            Row(f"put {label} (live: FxGraphCache via cachedb.installed)", seconds_to(ms, live_put), base_put,
+                "FxGraphCache files"),
+            Row(f"get {label} (live: FxGraphCache via cachedb.installed)", seconds_to(ms, live_get), base_get,
+                "FxGraphCache files"),
+        ]
+        res.extra["payloads"][label].update(
+            {"scan_ms": round(scan_s * 1e3, 2), "zstd3_ms": round(zstd_s * 1e3, 2), "sha256_ms": round(sha_s * 1e3, 2)}
+        )
+    for label, info in res.extra["payloads"].items():
+        res.notes.append(
+            f"{label}: payload compresses {info['zstd3_ratio']}x with zstd-3; one pickle scan "
+            f"{info['scan_ms']} ms, one zstd-3 compression {info['zstd3_ms']} ms, one SHA-256 "
+            f"{info['sha256_ms']} ms (a cachedb put hashes the payload twice: `sha256_hash` for the "
+            "variant and `_payload.checksum`; the live `guarded_put` a third time for a log label)."
+        )
+    return res

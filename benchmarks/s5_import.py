@@ -1,0 +1,175 @@
+"""§5 Import of a generated ~10k-file Inductor cache directory: entries per second.
+
+The directory (:func:`benchmarks._payloads.synthetic_cache_dir`): 70 % FX entries, 20 %
+AOTAutograd entries (real pickles of ~2 KB, named ``sha256_hash(bytes)`` as Inductor names
+them; some keys with two guarded variants), 10 % ``.best_config`` files and one
+``cache/<system hash>`` JSON document with 5,000 timings.
+
+cachedb: ``Importer(CacheDB(fresh db)).run(dir)``, wall time (s). Reference ("baseline"): the
+I/O floor — ``os.walk`` plus reading every file's bytes — so the ratio is the importer's cost
+over just reading the directory. Both run on a warm page cache. A cProfile of one more import
+says where the time goes (grouped by module). Units: s per import; entries/s.
+"""
+
+from __future__ import annotations
+
+import cProfile
+import os
+import pstats
+import time
+from pathlib import Path
+
+from . import _payloads as P
+from ._context import Context
+from ._report import Row, SectionResult
+from ._stats import seconds_to, summarize
+
+NAME = "import"
+TITLE = "Import of a generated cache dir (entries/s)"
+
+#: Profile groups: (label, substrings of the function's file name or name).
+_GROUPS = [
+    ("pickle scan (cachedb/_pickle_scan.py + pickletools)", ("_pickle_scan", "pickletools")),
+    ("SQLAlchemy (Core/ORM: statement building, execution, result handling)", ("sqlalchemy",)),
+    ("sqlite3 driver (executing SQL)", ("sqlite3", "method 'execute'", "method 'executemany'",
+                                         "method 'fetch", "method 'commit'")),
+    ("zstd compression", ("zstandard", "compress")),
+    ("hashing (sha256_hash / checksum)", ("hashlib", "openssl", "sha256", "b32encode", "_b32", "keys.py")),
+    ("file system (walk, stat, read)", ("posixpath", "pathlib", "os.py", "genericpath", "method 'read'",
+                                         "posix.stat", "posix.scandir", "open", "<built-in method posix")),
+    ("JSON (best configs, timings document)", ("json",)),
+]
+
+
+#: Cumulative time of these (label, file-name suffix, function name) is reported as a share of
+#: the whole profiled import: the per-file steps of ``Importer._import_one``.
+_STEPS = [
+    ("Importer._import_one (everything per file)", "cachedb/importer.py", "_import_one"),
+    ("GuardedEntryRepository.put (exists check, sha256_hash, zstd pack, INSERT)", "repositories/guarded.py", "put"),
+    ("read_entry_fields (pickle opcode scan)", "cachedb/_pickle_scan.py", "read_entry_fields"),
+    ("SAVEPOINT per file (Connection.begin_nested, via Session.begin_nested)", "engine/base.py", "begin_nested"),
+    ("RELEASE SAVEPOINT per file (SessionTransaction.commit)", "orm/session.py", "commit"),
+    ("_payload.pack (zstd + SHA-256 checksum)", "cachedb/_payload.py", "pack"),
+    ("keys.sha256_hash (file-name check and variant)", "cachedb/keys.py", "sha256_hash"),
+    ("scan (walk + stat every file)", "cachedb/importer.py", "scan"),
+    ("BestConfigRepository.put", "repositories/best_configs.py", "put"),
+    ("timings document (_import_local_cache)", "cachedb/importer.py", "_import_local_cache"),
+]
+
+
+def _read_all(root: Path) -> int:
+    n = 0
+    for dirpath, _dirs, names in os.walk(root):
+        for name in names:
+            with open(os.path.join(dirpath, name), "rb") as f:
+                f.read()
+            n += 1
+    return n
+
+
+def profile_summary(stats: pstats.Stats, total_s: float, top: int = 12) -> dict[str, object]:
+    """Self time grouped by module (``_GROUPS``) and the ``top`` functions by self time."""
+    grouped: dict[str, float] = {label: 0.0 for label, _ in _GROUPS}
+    grouped["other (cachedb importer/repositories, Python)"] = 0.0
+    rows = []
+    for (filename, line, func), (_cc, ncalls, tottime, cumtime, _callers) in stats.stats.items():  # type: ignore[attr-defined]
+        where = f"{filename}:{line}({func})"
+        rows.append((tottime, cumtime, ncalls, where))
+        for label, needles in _GROUPS:
+            if any(n in filename or n in func for n in needles):
+                grouped[label] += tottime
+                break
+        else:
+            grouped["other (cachedb importer/repositories, Python)"] += tottime
+    rows.sort(reverse=True)
+    prof_total = sum(grouped.values()) or 1.0
+    steps: dict[str, float] = {}
+    for label, suffix, name in _STEPS:
+        cum = [
+            ct for (filename, _line, func), (_cc, _nc, _tt, ct, _callers) in stats.stats.items()  # type: ignore[attr-defined]
+            if func == name and filename.replace("\\", "/").endswith(suffix.split("/")[-1])
+            and suffix.split("/")[0] in filename
+        ]
+        if cum:
+            steps[label] = round(100 * max(cum) / prof_total, 1)
+    return {
+        "profiled_seconds": round(prof_total, 3),
+        "unprofiled_seconds": round(total_s, 3),
+        "steps_cumulative_percent": steps,
+        "by_group_percent": {k: round(100 * v / prof_total, 1) for k, v in sorted(grouped.items(), key=lambda kv: -kv[1])},
+        "top_self_time": [
+            {"self_s": round(t, 3), "cum_s": round(c, 3), "calls": n, "function": w.replace(str(Path.cwd()) + "/", "")}
+            for t, c, n, w in rows[:top]
+        ],
+    }
+
+
+def run(ctx: Context) -> SectionResult:
+    from cachedb import CacheDB
+    from cachedb.importer import Importer
+
+    res = SectionResult(NAME, TITLE)
+    n_files = 2_000 if ctx.quick else 10_000
+    reps = 1 if ctx.quick else 3
+    root = ctx.tmpdir("synthcache") / "inductor"
+    ctx.log(f"import: generating a {n_files}-file cache dir")
+    t0 = time.perf_counter()
+    counts = P.synthetic_cache_dir(root, n_files)
+    gen_s = time.perf_counter() - t0
+    ctx.shared["synthetic_dir"] = root
+    small_entries = counts["fxgraph"] + counts["aotautograd"] + counts["best_config"]
+    _read_all(root)  # warm the page cache for both contenders
+
+    import_s: list[float] = []
+    read_s: list[float] = []
+    last_db: Path | None = None
+    for r in range(reps):
+        t0 = time.perf_counter()
+        _read_all(root)
+        read_s.append(time.perf_counter() - t0)
+        db_path = ctx.tmpdir("importdb") / "import.db"
+        db = CacheDB(db_path)  # opened (and migrated) outside the timed import
+        ctx.log(f"import: run {r + 1}/{reps}")
+        t0 = time.perf_counter()
+        report = Importer(db).run(root)
+        import_s.append(time.perf_counter() - t0)
+        db.close()
+        assert not report.problems, report.problems[:3]
+        last_db = db_path
+    ctx.shared["synthetic_db"] = last_db
+
+    ctx.log("import: one more import under cProfile")
+    db = CacheDB(ctx.tmpdir("importprof") / "import.db")
+    prof = cProfile.Profile()
+    prof.enable()
+    Importer(db).run(root)
+    prof.disable()
+    db.close()
+    summary = profile_summary(pstats.Stats(prof), sum(import_s) / len(import_s))
+    res.extra["profile"] = summary
+    res.extra["dir"] = {"files": counts, "generated_in_s": round(gen_s, 2)}
+
+    rate = summarize([small_entries / s for s in import_s], "entries/s")
+    target = 20_000
+    res.rows += [
+        Row(f"import {sum(counts.values())} files ({small_entries} small entries)", seconds_to("s", import_s),
+            seconds_to("s", read_s), "walk + read every file (I/O floor)"),
+        Row("import rate", rate, None, "", target=f"≥ {target:,} entries/s", met=rate.median >= target),
+    ]
+    groups = summary["by_group_percent"]
+    assert isinstance(groups, dict)
+    res.notes.append(
+        f"{small_entries} small entries (~2 KB pickles and best-config JSONs) + 1 timings document "
+        f"(5,000 timings); import median {rate.median:,.0f} entries/s. Profile (self time, cProfile "
+        "inflates Python-heavy code): " + "; ".join(f"{k} {v}%" for k, v in groups.items() if v >= 1.0) + "."
+    )
+    steps = summary["steps_cumulative_percent"]
+    assert isinstance(steps, dict)
+    res.notes.append(
+        "Per-file steps (cumulative share of the profiled import): "
+        + "; ".join(f"{k} {v}%" for k, v in steps.items()) + "."
+    )
+    top = summary["top_self_time"]
+    assert isinstance(top, list)
+    res.notes.append("Top self time: " + "; ".join(f"{t['function']} {t['self_s']}s" for t in top[:6]) + ".")
+    return res

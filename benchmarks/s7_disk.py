@@ -1,0 +1,135 @@
+"""§7 Bytes on disk: the cachedb database against the directory, for the same entries.
+
+Two caches: (a) a REAL Inductor cache built by ``examples/build_cache.py`` (torch.compile of
+an MLP, dynamic shapes, forward+backward, a CPU max-autotune GEMM and a best config) in full
+runs, or the cold cache directory left by §1 in quick runs when §1 ran; (b) the synthetic
+10k-file directory of §5 (generated here if §5 did not run).
+
+Directory side: only the files cachedb stores (``fxgraph/``, ``aotautograd/``,
+``cache/<hash>``, ``*.best_config``, ``configs_*.json``) — generated kernels, ``.so`` files and
+locks are not cachedb's and are reported separately. Allocated bytes = ``st_blocks * 512``
+(what the file system spends: small files round up to 4 KB blocks); apparent = ``st_size``.
+Database side: the ``.db`` file after ``Importer`` and a clean close (WAL checkpointed).
+Units: KB.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from . import _payloads as P
+from ._context import REPO_ROOT, Context
+from ._report import Row, SectionResult
+from ._stats import summarize
+
+NAME = "disk"
+TITLE = "Bytes on disk: database vs directory"
+
+
+def _db_bytes(db_path: Path) -> tuple[int, int]:
+    apparent = allocated = 0
+    for suffix in ("", "-wal", "-shm"):
+        p = Path(str(db_path) + suffix)
+        if p.exists():
+            st = p.stat()
+            apparent += st.st_size
+            allocated += st.st_blocks * 512
+    return apparent, allocated
+
+
+def _dbstat(db_path: Path) -> dict[str, int]:
+    """Bytes per table/index (SQLite's ``dbstat`` virtual table; empty if not compiled in)."""
+    import sqlite3
+
+    conn = sqlite3.connect(db_path)
+    try:
+        rows = conn.execute("SELECT name, SUM(pgsize) FROM dbstat GROUP BY name ORDER BY 2 DESC").fetchall()
+    except sqlite3.Error:
+        rows = []
+    finally:
+        conn.close()
+    return {name: int(size) for name, size in rows}
+
+
+def _import(ctx: Context, root: Path) -> tuple[Path, int]:
+    from cachedb import CacheDB
+    from cachedb.importer import Importer
+
+    db_path = ctx.tmpdir("diskdb") / "cache.db"
+    db = CacheDB(db_path)
+    report = Importer(db).run(root)
+    db.close()
+    return db_path, sum(report.added.values())
+
+
+def _build_real(ctx: Context) -> Path:
+    root = ctx.tmpdir("realcache") / "inductor"
+    env = dict(os.environ)
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(root)
+    env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+    ctx.log("disk: building a real cache with examples/build_cache.py (torch.compile, ~35 s)")
+    proc = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "examples" / "build_cache.py"), str(root), "--json"],
+        env=env, capture_output=True, text=True, timeout=900, check=False,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"build_cache.py failed: {proc.stderr[-2000:]}")
+    return root
+
+
+def _case(ctx: Context, res: SectionResult, label: str, root: Path, db_path: Path | None = None) -> None:
+    if db_path is None:
+        db_path, _added = _import(ctx, root)
+    n, d_app, d_alloc = P.dir_bytes(root, only_cachedb_kinds=True)
+    n_all, all_app, all_alloc = P.dir_bytes(root)
+    db_app, db_alloc = _db_bytes(db_path)
+    kb = 1 / 1024
+    res.rows += [
+        Row(f"{label}: allocated bytes, {n} entry files", summarize([db_alloc], "KB", scale=kb),
+            summarize([d_alloc], "KB", scale=kb), "directory (st_blocks)"),
+        Row(f"{label}: apparent bytes, {n} entry files", summarize([db_app], "KB", scale=kb),
+            summarize([d_app], "KB", scale=kb), "directory (st_size)"),
+    ]
+    res.extra[label] = {
+        "entry_files": n,
+        "dir_entry_bytes": {"apparent": d_app, "allocated": d_alloc},
+        "dir_all_files": {"files": n_all, "apparent": all_app, "allocated": all_alloc},
+        "db_bytes": {"apparent": db_app, "allocated": db_alloc},
+        "db_objects": _dbstat(db_path),
+    }
+    objects = res.extra[label]["db_objects"]
+    res.notes.append(
+        f"{label}: {n} entry files take {d_alloc / 1e6:.2f} MB allocated ({d_app / 1e6:.2f} MB apparent); "
+        f"the database {db_alloc / 1e6:.2f} MB. The whole directory including what cachedb does not "
+        f"store (kernels, .so, locks) is {n_all} files, {all_alloc / 1e6:.2f} MB allocated. Largest "
+        "database objects: " + ", ".join(f"{k} {v / 1e6:.2f} MB" for k, v in list(objects.items())[:4]) + "."
+    )
+
+
+def run(ctx: Context) -> SectionResult:
+    res = SectionResult(NAME, TITLE)
+    real: Path | None = None
+    real_label = ""
+    if not ctx.quick:
+        real = _build_real(ctx)
+        real_label = "real cache (examples/build_cache.py)"
+    elif ctx.shared.get("real_cache_dir"):
+        real = Path(ctx.shared["real_cache_dir"])
+        real_label = "real cache (§1 cold compile dir)"
+    if real is not None:
+        _case(ctx, res, real_label, real)
+    else:
+        res.notes.append("quick run without §1: no real cache directory; synthetic only.")
+
+    synth = ctx.shared.get("synthetic_dir")
+    synth_db = ctx.shared.get("synthetic_db")
+    if synth is None:
+        synth = ctx.tmpdir("disksynth") / "inductor"
+        ctx.log("disk: generating a 2,000-file synthetic cache dir")
+        P.synthetic_cache_dir(synth, 2_000)
+        synth_db = None
+    _case(ctx, res, "synthetic cache (§5 generator)", Path(synth), Path(synth_db) if synth_db else None)
+    return res

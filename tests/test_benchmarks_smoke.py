@@ -1,0 +1,60 @@
+"""Smoke test of ``python -m benchmarks``: a quick run of cheap sections into a temp dir.
+
+Checks that the command completes and writes valid JSON (and the Markdown table) with the
+expected keys; it is not a speed judgement.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SECTIONS = ["best_configs", "disk"]
+
+
+@pytest.mark.torch
+def test_quick_benchmark_writes_results(tmp_path: Path) -> None:
+    out = tmp_path / "results"
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--quick", "--only", ",".join(SECTIONS), "--out", str(out),
+         "--scratch", str(tmp_path), "--quiet"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-5000:]}"
+    assert "| § | case |" in proc.stdout  # the Markdown table is printed
+
+    doc = json.loads((out / "latest.json").read_text())
+    assert doc["schema"] == 1
+    assert doc["quick"] is True
+    for key in ("created", "machine", "sections", "sections_run", "total_seconds", "command"):
+        assert key in doc, key
+    assert set(doc["machine"]) >= {"cpu", "cores", "python", "torch", "sqlite"}
+    assert sorted(doc["sections"]) == sorted(SECTIONS)
+    for name in SECTIONS:
+        section = doc["sections"][name]
+        assert section["error"] is None, section["error"]
+        assert section["rows"], name
+        for row in section["rows"]:
+            assert set(row) >= {"case", "unit", "cachedb", "baseline", "baseline_name", "ratio", "target", "met"}
+            assert row["cachedb"]["n"] >= 1
+            assert row["cachedb"]["median"] >= 0
+            if row["baseline"] is not None:
+                assert row["ratio"] is not None and row["ratio"] > 0
+                assert set(row["baseline"]) >= {"n", "median", "p10", "p90", "q1", "q3"}
+
+    md = (out / "latest.md").read_text()
+    assert md.startswith("# cachedb benchmarks")
+    assert "best_configs" in md and "disk" in md
+    # Nothing was left in the scratch area: the run removes its own scratch directory.
+    assert [p.name for p in tmp_path.iterdir()] == ["results"]
