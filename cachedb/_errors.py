@@ -9,6 +9,28 @@ class CacheDBError(Exception):
     """Root of every error raised by cachedb."""
 
 
+def input_error_reason(exc: BaseException) -> str | None:
+    """The reason to report when storing one input item failed, or ``None`` when ``exc`` is
+    not about the item's content (and must propagate).
+
+    Bad input can fail below cachedb's own checks: JSON nested past the recursion limit,
+    integers outside int64, strings that are not valid UTF-8, values PostgreSQL refuses
+    (text longer than its column, NUL bytes). Importers catch those per item, report the item
+    and go on; nothing else is stored differently.
+    """
+    from sqlalchemy.exc import DataError, IntegrityError, ProgrammingError
+
+    if isinstance(exc, BadInputError):
+        return exc.reason
+    if isinstance(exc, CacheDBError):
+        return str(exc)
+    if isinstance(exc, (ValueError, TypeError, OverflowError, RecursionError, UnicodeError, AttributeError)):
+        return f"{type(exc).__name__}: {exc}"[:500]
+    if isinstance(exc, (DataError, IntegrityError, ProgrammingError)):
+        return f"rejected by the database: {type(exc.orig).__name__}: {exc.orig}"[:500]
+    return None
+
+
 class DatabaseOpenError(CacheDBError):
     """The database could not be opened; nothing in it was changed."""
 

@@ -13,6 +13,7 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
 from rich.table import Table
+from rich.text import Text
 from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -43,9 +44,12 @@ def emit(rows: Sequence[dict[str, Any]], columns: Sequence[str], fmt: str) -> No
             writer.writerow({k: _json_default(v) if isinstance(v, (bytes, memoryview)) else v for k, v in r.items()})
         click.echo(buf.getvalue(), nl=False)
     else:
-        table = Table(*columns)
+        table = Table()
+        for c in columns:
+            table.add_column(Text(str(c)))
         for r in rows:
-            table.add_row(*("" if r[c] is None else _json_default(r[c]) if not isinstance(r[c], (int, float, str)) else str(r[c]) for c in columns))
+            table.add_row(*(Text("" if r[c] is None else str(r[c]) if isinstance(r[c], (int, float, str))
+                                 else _json_default(r[c])) for c in columns))
         Console(width=max(120, Console().width)).print(table)
 
 
@@ -67,7 +71,7 @@ class _Group(click.Group):
         try:
             return super().invoke(ctx)
         except CacheDBError as exc:
-            err.print(f"[bold red]error:[/] {exc}", highlight=False, markup=True)
+            err.print(Text("error: ", style="bold red") + Text(str(exc)), highlight=False)
             sys.exit(1)
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from sqlalchemy import Engine, inspect
 from sqlalchemy.engine import URL
-from sqlalchemy.exc import DatabaseError, OperationalError
+from sqlalchemy.exc import ArgumentError, DatabaseError, OperationalError
 from sqlalchemy.orm import Session
 
 from . import _migrate
@@ -84,20 +84,26 @@ class CacheDB:
         signer: Signer | None = None,
     ) -> None:
         self.signer = signer if signer is not None else Signer.from_environment()
-        self.url = to_url(location if location is not None else default_location())
-        self.path: Path | None = sqlite_path(self.url)
-        self.where = str(self.path) if self.path is not None else self.url.render_as_string(hide_password=True)
-        self.engine: Engine = create_cachedb_engine(self.url, busy_timeout_s=busy_timeout_s)
+        raw = location if location is not None else default_location()
+        try:
+            self.url = to_url(raw)
+            self.path: Path | None = sqlite_path(self.url)
+            self.where = str(self.path) if self.path is not None else self.url.render_as_string(hide_password=True)
+            self.engine: Engine = create_cachedb_engine(self.url, busy_timeout_s=busy_timeout_s)
+        except DatabaseOpenError:
+            raise
+        except (ArgumentError, ValueError, ImportError) as exc:
+            raise DatabaseOpenError(f"{raw}: not a usable database location or URL: {exc}") from exc
         try:
             if upgrade:
                 _migrate.upgrade(self.engine, where=self.where)
             else:
                 self.check_schema()
-        except (OperationalError, DatabaseError) as exc:
+        except (OperationalError, DatabaseError, UnicodeDecodeError) as exc:
             self.engine.dispose()
             if self.path is not None and "file is not a database" in str(exc):
                 raise NotADatabaseError(self.path, "SQLite refused it: file is not a database") from exc
-            raise DatabaseOpenError(f"{self.where}: cannot open: {exc.orig or exc}") from exc
+            raise DatabaseOpenError(f"{self.where}: cannot open: {getattr(exc, 'orig', None) or exc!r}") from exc
         except BaseException:
             self.engine.dispose()
             raise

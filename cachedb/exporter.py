@@ -16,6 +16,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sqlalchemy.exc import DatabaseError
+
 from . import _local_cache_doc as doc
 from ._errors import ExportError
 from .db import CacheDB
@@ -61,6 +63,16 @@ def _check_target(target: Path) -> None:
 
 
 def export_cache_dir(db: CacheDB, target: str | os.PathLike[str]) -> ExportReport:
+    """See :func:`_export`. Raises :class:`~cachedb.ExportError` also when the database is
+    too damaged to read (``cachedb verify`` says what)."""
+    try:
+        return _export(db, target)
+    except (DatabaseError, UnicodeDecodeError) as exc:
+        reason = str(getattr(exc, "orig", None) or exc)
+        raise ExportError(f"{db.where}: cannot read the database ({reason}); run cachedb verify") from exc
+
+
+def _export(db: CacheDB, target: str | os.PathLike[str]) -> ExportReport:
     """Write every stored entry under ``target`` in Inductor's layout.
 
     Raises :class:`~cachedb.ExportError` naming the path when ``target`` (or a file in it)

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import _local_cache_doc as doc
-from ._errors import BadInputError, CacheDBError, NotAnInductorCacheError
+from ._errors import input_error_reason, BadInputError, CacheDBError, NotAnInductorCacheError
 from .cutlass_ops import infer_arch, parse_op_list
 from .db import CacheDB, Repos
 from .fingerprint import Fingerprint
@@ -142,10 +142,21 @@ def _check_guarded(item: _Item, data: bytes) -> Problem | EntryFields:
     must be ``sha256_hash`` of its bytes (as Inductor names it) and its pickle must scan."""
     if sha256_hash(data) != item.rel.split("/")[-1]:
         return Problem(item.rel, "file name is not sha256_hash of its bytes (renamed or corrupted)")
+    if len(item.rel.split("/")[-2]) > 128:
+        return Problem(item.rel, "key longer than 128 characters")
     try:
-        return read_entry_fields(data, where=item.rel)
-    except BadInputError as exc:
-        return Problem(item.rel, exc.reason)
+        fields = read_entry_fields(data, where=item.rel)
+        for text in (fields.guards_expr, fields.reason):
+            if text is not None:
+                text.encode("utf-8")
+        if fields.time_taken_ns is not None and not -(2**63) <= fields.time_taken_ns < 2**63:
+            raise OverflowError(f"time taken {fields.time_taken_ns} ns is outside int64")
+        return fields
+    except Exception as exc:  # noqa: BLE001
+        reason = input_error_reason(exc)
+        if reason is None:
+            raise
+        return Problem(item.rel, reason)
 
 
 class Importer:
@@ -199,6 +210,11 @@ class Importer:
                 report.problems.append(Problem(item.rel, f"cannot read: {exc}"))
                 continue
             report.bytes_read += len(data)
+            try:
+                item.rel.encode("utf-8")
+            except UnicodeEncodeError:
+                report.problems.append(Problem(item.rel, "file name is not valid UTF-8"))
+                continue
             if item.kind in ("fxgraph", "aotautograd"):
                 checked = _check_guarded(item, data)
                 if isinstance(checked, Problem):
@@ -217,9 +233,12 @@ class Importer:
                 try:
                     with repos.session.begin_nested():
                         self._import_one(repos, item, data, fp_id, report)
-                except CacheDBError as exc:
-                    reason = exc.reason if isinstance(exc, BadInputError) else str(exc)
+                except Exception as exc:  # noqa: BLE001 - bad input fails in many ways
+                    reason = input_error_reason(exc)
+                    if reason is None:
+                        raise
                     report.problems.append(Problem(item.rel, reason))
+
         return sum(i.size for i in batch)
 
     def _import_one(

@@ -39,7 +39,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._errors import BadInputError, CacheDBError, TorchUnavailableError
+from ._errors import input_error_reason, BadInputError, CacheDBError, TorchUnavailableError
 from .db import CacheDB, Repos
 from .fingerprint import Fingerprint
 from .importer import Problem
@@ -297,9 +297,12 @@ def import_artifacts(
                 try:
                     with repos.session.begin_nested():
                         _store_one(repos, type_, key, content, fp_id, report)
-                except CacheDBError as exc:
-                    reason = exc.reason if isinstance(exc, BadInputError) else str(exc)
+                except Exception as exc:  # noqa: BLE001 - bad input fails in many ways
+                    reason = input_error_reason(exc)
+                    if reason is None:
+                        raise
                     report.problems.append(Problem(f"{type_}:{key}", reason))
+
     for type_, n in skipped_types.items():
         report.notes.append(
             Problem(type_, f"{n} artifact(s) of Mega-Cache type {type_!r} skipped: cachedb stores "

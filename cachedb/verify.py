@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from sqlalchemy import select
+from sqlalchemy.exc import DatabaseError
 
 from ._errors import CorruptPayloadError
 from .db import CacheDB
@@ -12,6 +13,16 @@ from .models import CutlassOpList, GuardedEntry, QuarantinedEntry
 
 
 def verify(db: CacheDB, *, quarantine: bool = True) -> tuple[list[dict[str, Any]], int]:
+    """See :func:`_verify`; damage that stops SQLite from reading at all is reported as a
+    problem of the database rather than raised."""
+    try:
+        return _verify(db, quarantine=quarantine)
+    except (DatabaseError, UnicodeDecodeError) as exc:
+        reason = str(getattr(exc, "orig", None) or exc)
+        return [{"what": "database", "where": db.where, "problem": f"unreadable: {reason}"}], 0
+
+
+def _verify(db: CacheDB, *, quarantine: bool = True) -> tuple[list[dict[str, Any]], int]:
     """``(problems, payloads checked)``.
 
     Problems are rows ``{what, where, problem}``: the SQLite integrity check's complaints,

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from sqlalchemy import bindparam, insert, select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from .._errors import BadInputError, CorruptPayloadError
@@ -98,12 +99,18 @@ class BestConfigRepository:
         found = self.session.execute(_ROW, {"key": key}).first()
         now = utcnow()
         if found is None:
-            self.session.execute(
-                _INSERT,
-                {"key": key, "content": content, "fingerprint_id": fingerprint_id,
-                 "created_at": now, "updated_at": now, **columns},
-            )
-            return True
+            try:
+                with self.session.begin_nested():  # another writer may insert the key first
+                    self.session.execute(
+                        _INSERT,
+                        {"key": key, "content": content, "fingerprint_id": fingerprint_id,
+                         "created_at": now, "updated_at": now, **columns},
+                    )
+                return True
+            except IntegrityError:
+                found = self.session.execute(_ROW, {"key": key}).first()
+                if found is None:
+                    raise
         if found.content == content:
             return False
         self.session.execute(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from sqlalchemy import bindparam, select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from ..fingerprint import Fingerprint
@@ -37,8 +38,12 @@ class FingerprintRepository:
             cpu_model=fp.cpu_model,
             isa=fp.isa,
         )
-        self.session.add(row)
-        self.session.flush()
+        try:
+            with self.session.begin_nested():  # another process may record it first
+                self.session.add(row)
+                self.session.flush()
+        except IntegrityError:
+            return int(self.session.execute(_ID_BY_KEY, {"key": fp.key}).scalar_one())
         return row.id
 
     def get(self, fingerprint_id: int) -> Fingerprint:

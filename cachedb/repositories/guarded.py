@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 import datetime as dt
 
 from sqlalchemy import delete
+from sqlalchemy.exc import IntegrityError
 
 from .._errors import CorruptPayloadError
 from .._payload import pack, unpack
@@ -86,24 +87,26 @@ class GuardedEntryRepository:
             return variant, False
         packed = pack(payload, digest=digest)
         now = utcnow()
-        self.session.execute(
-            _INSERT,
-            {
-                **params,
-                "guards_expr": guards_expr,
-                "guards_known": guards_known,
-                "guards_note": guards_note,
-                "payload": packed.blob,
-                "size_bytes": packed.size_bytes,
-                "checksum": packed.checksum,
-                "time_taken_ns": time_taken_ns,
-                "created_at": now,
-                "last_used_at": now,
-                "hit_count": 0,
-                "fingerprint_id": fingerprint_id,
-                "signature": self.signer.guarded(kind, key, variant, packed.checksum) if self.signer else None,
-            },
-        )
+        row = {
+            **params,
+            "guards_expr": guards_expr,
+            "guards_known": guards_known,
+            "guards_note": guards_note,
+            "payload": packed.blob,
+            "size_bytes": packed.size_bytes,
+            "checksum": packed.checksum,
+            "time_taken_ns": time_taken_ns,
+            "created_at": now,
+            "last_used_at": now,
+            "hit_count": 0,
+            "fingerprint_id": fingerprint_id,
+            "signature": self.signer.guarded(kind, key, variant, packed.checksum) if self.signer else None,
+        }
+        try:
+            with self.session.begin_nested():  # another writer may insert the same variant first
+                self.session.execute(_INSERT, row)
+        except IntegrityError:
+            return variant, False
         return variant, True
 
     def put_many_pickled(
