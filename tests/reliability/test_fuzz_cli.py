@@ -22,8 +22,6 @@ import pytest
 from click.testing import CliRunner
 from hypothesis import assume, example, given
 from hypothesis import strategies as st
-from rich.errors import MarkupError
-from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
 from cachedb.cli import main as cli
 
@@ -145,6 +143,15 @@ def argv(draw: st.DrawFn, root: Path, hostile: bool) -> list[str]:
     return args
 
 
+def real_argv(args: list[str]) -> bool:
+    """Whether a real command line can carry ``args``: no NUL, and text the OS can hand over
+    (undecodable bytes arrive as surrogate escapes U+DC80..U+DCFF, nothing else)."""
+    try:
+        return all("\x00" not in a and os.fsencode(a) is not None for a in args)
+    except UnicodeEncodeError:
+        return False
+
+
 def markup_bug(args: list[str]) -> bool:
     return any("[" in a for a in args)
 
@@ -163,8 +170,9 @@ def _invoke(args: list[str], root: Path):
 
 @pytest.mark.parametrize("hostile", [pytest.param(False, id="clean"), pytest.param(True, id="hostile", marks=pytest.mark.xfail(
     strict=True, raises=UnicodeEncodeError,
-    reason="L3: an argument with undecodable bytes (surrogate escapes) fails in click's Path conversion "
-    "(click/types.py) before cachedb runs: UnicodeEncodeError and a traceback"))])
+    reason="L3/L4 (test_known_bugs.py): bytes that are not UTF-8 on the command line (surrogate escapes) make "
+           "`cachedb query` (sqlite3 cannot encode the SQL) and the echo of a path to a strict UTF-8 stdout raise "
+           "UnicodeEncodeError"))])
 def test_fuzz_cli(sandbox, hostile: bool) -> None:
     root, store = sandbox
     counts = {"n": 0, "exit0": 0, "exit1": 0, "exit2": 0}
@@ -175,8 +183,10 @@ def test_fuzz_cli(sandbox, hostile: bool) -> None:
         @given(args=argv(root, hostile))
         @example(args=["--db", str(root / "store.db"), "query", "SELECT '[/]'"]).via("L2") if hostile else (lambda f: f)
         @example(args=["--db", "://", "stats"]).via("L1") if hostile else (lambda f: f)
+        @example(args=["--db", "\udcff.db", "import", "x\udcff"]).via("undecodable argv bytes") if hostile else (lambda f: f)
         def run(args: list[str]) -> None:
             assume("run" not in args)  # `cachedb run` execs a program
+            assume(real_argv(args))  # e.g. a lone U+D800 cannot come from a command line
             if not hostile:
                 assume(not markup_bug(args) and not url_bug(args, root))
             counts["n"] += 1

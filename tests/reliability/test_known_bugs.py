@@ -1,9 +1,10 @@
 """One minimal, deterministic reproduction per bug the reliability suite found in cachedb.
 
-Each test asserts the correct behaviour and is ``xfail(strict=True, raises=<the exception that
-escapes today>)``: it fails for exactly that reason now, and turns into an XPASS (a failure,
-strict) once the bug is fixed, so that the marker gets removed. The ids (B1, D2, ...) are the
-ones the fuzz tests and RELIABILITY.md use.
+Each test asserts the correct behaviour. While its bug is open it is ``xfail(strict=True,
+raises=<the exception that escapes today>)``: it fails for exactly that reason, and turns into an
+XPASS (a failure, strict) once the bug is fixed; the bug's id then goes into ``FIXED`` and the
+test must pass (marker ``fixed_bug``). The ids (B1, D2, ...) are the ones the fuzz tests and
+RELIABILITY.md use.
 """
 
 from __future__ import annotations
@@ -380,3 +381,28 @@ def test_r3_concurrent_first_fingerprint(race_db: CacheDB, backend: str) -> None
     with race_db.read() as repos:
         assert len(repos.fingerprints.ids_for_system_hash("f" * 64)) == 1
 
+
+# --------------------------------------------------------------------------- undecodable bytes on the command line
+# A real command line hands bytes that are not UTF-8 to Python as surrogate escapes
+# (U+DC80..U+DCFF): `cachedb query $'SELECT \'\xff\''`, `cachedb --db $'/tmp/\xff.db' init`.
+
+
+@bug(UnicodeEncodeError, "L3 cachedb/cli.py query: SQL holding bytes that are not UTF-8 reaches sqlite3, whose "
+     "UnicodeEncodeError is not a SQLAlchemyError (the only error turned into QueryError): a traceback. "
+     "Real shell: cachedb query $'SELECT \\'\\xff\\''")
+def test_l3_query_with_undecodable_bytes_is_one_error_line(tmp_path: Path) -> None:
+    result = CliRunner().invoke(cli, ["--db", str(tmp_path / "x.db"), "query", "SELECT 'a\udcff'"])
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    assert result.exit_code == 1 and "error:" in result.output
+
+
+@bug(UnicodeEncodeError, "L4 cachedb/cli.py init/upgrade/export (click.echo of db.where / the target directory): a "
+     "path with bytes that are not UTF-8 cannot be written to a strict UTF-8 stdout (CliRunner; a real terminal "
+     "under PYTHONIOENCODING=utf-8 or a UTF-8 locale other than C.UTF-8): a traceback after the work was done. "
+     "Real shell: PYTHONIOENCODING=utf-8 cachedb --db $'/tmp/\\xff.db' init")
+def test_l4_paths_with_undecodable_bytes_are_printable(tmp_path: Path) -> None:
+    result = CliRunner().invoke(cli, ["--db", str(tmp_path / "\udcff.db"), "init"])
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    assert result.exit_code == 0
