@@ -53,6 +53,11 @@ def emit(rows: Sequence[dict[str, Any]], columns: Sequence[str], fmt: str) -> No
         Console(width=max(120, Console().width)).print(table)
 
 
+def _printable(text: str) -> str:
+    """``text`` with undecodable file-name bytes (surrogate escapes) shown as ``\\xNN``."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 class _Context:
     def __init__(self, location: str | None) -> None:
         self.location = location
@@ -106,7 +111,7 @@ def init(obj: _Context) -> None:
       cachedb --db inductor.db init
     """
     with obj.open() as db:
-        click.echo(f"{db.where}: schema revision {db.revision()}")
+        click.echo(_printable(f"{db.where}: schema revision {db.revision()}"))
 
 
 @main.command("import")
@@ -190,7 +195,7 @@ def export(obj: _Context, target_dir: str) -> None:
         ("kind", "written", "unchanged"),
         "table",
     )
-    click.echo(f"{report.bytes_written} bytes written to {target_dir}")
+    click.echo(_printable(f"{report.bytes_written} bytes written to {target_dir}"))
 
 
 @main.command()
@@ -235,7 +240,7 @@ def query(obj: _Context, sql: str, fmt: str) -> None:
                     result = conn.execute(text(sql))
                     columns = list(result.keys()) if result.returns_rows else []
                     rows = [dict(zip(columns, r)) for r in result] if result.returns_rows else []
-                except SQLAlchemyError as exc:
+                except (SQLAlchemyError, UnicodeError) as exc:
                     raise QueryError(f"query failed: {getattr(exc, 'orig', None) or exc}") from exc
                 finally:
                     txn.rollback()
@@ -252,7 +257,7 @@ def upgrade(obj: _Context) -> None:
       cachedb --db inductor.db upgrade
     """
     with obj.open() as db:
-        click.echo(f"{db.where}: schema revision {db.revision()}")
+        click.echo(_printable(f"{db.where}: schema revision {db.revision()}"))
 
 
 def _parse_size(text: str) -> int:
@@ -458,7 +463,7 @@ def export_artifacts_cmd(obj: _Context, file: str) -> None:
     )
     for p in result.left_out:
         err.print(f"left out: {p.path}: {p.reason}", highlight=False, markup=False)
-    click.echo(f"{len(result.data)} bytes written to {file}")
+    click.echo(_printable(f"{len(result.data)} bytes written to {file}"))
 
 
 @main.command("import-artifacts")

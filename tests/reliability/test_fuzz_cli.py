@@ -168,11 +168,7 @@ def _invoke(args: list[str], root: Path):
                                              "CACHEDB_HMAC_KEY": None, "COLUMNS": "200"})
 
 
-@pytest.mark.parametrize("hostile", [pytest.param(False, id="clean"), pytest.param(True, id="hostile", marks=pytest.mark.xfail(
-    strict=True, raises=UnicodeEncodeError,
-    reason="L3/L4 (test_known_bugs.py): bytes that are not UTF-8 on the command line (surrogate escapes) make "
-           "`cachedb query` (sqlite3 cannot encode the SQL) and the echo of a path to a strict UTF-8 stdout raise "
-           "UnicodeEncodeError"))])
+@pytest.mark.parametrize("hostile", [pytest.param(False, id="clean"), pytest.param(True, id="hostile")])
 def test_fuzz_cli(sandbox, hostile: bool) -> None:
     root, store = sandbox
     counts = {"n": 0, "exit0": 0, "exit1": 0, "exit2": 0}
