@@ -31,7 +31,7 @@ from . import (  # noqa: E402
     s7_disk,
 )
 from ._context import Context  # noqa: E402
-from ._report import SectionResult, machine_info, now_iso, write  # noqa: E402
+from ._report import SectionResult, cachedb_source_digest, machine_info, now_iso, write  # noqa: E402
 
 #: name -> module with NAME, TITLE and run(ctx), in the order sections run (§1 first: §7
 #: reuses its cold cache directory in quick runs).
@@ -73,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     scratch = Path(tempfile.mkdtemp(prefix="cachedb-bench-", dir=args.scratch))
     ctx = Context(quick=args.quick, scratch=scratch, verbose=not args.quiet)
     load_start = _loadavg()
+    source_start = cachedb_source_digest()
     results: dict[str, SectionResult] = {}
     t_run = time.perf_counter()
     try:
@@ -82,12 +83,14 @@ def main(argv: list[str] | None = None) -> int:
             run: Callable[[Context], SectionResult] = module.run  # type: ignore[attr-defined]
             ctx.log(f"== {name}: {module.TITLE}")  # type: ignore[attr-defined]
             t0 = time.perf_counter()
+            load_before = _loadavg()
             try:
                 res = run(ctx)
             except Exception as exc:  # one failed section must not lose the others' numbers
                 traceback.print_exc()
                 res = SectionResult(name, module.TITLE, error=f"{type(exc).__name__}: {exc}")  # type: ignore[attr-defined]
             res.seconds = time.perf_counter() - t0
+            res.load_average = (load_before, _loadavg())
             results[name] = res
             ctx.log(f"== {name} done in {res.seconds:.1f}s")
     finally:
@@ -103,6 +106,8 @@ def main(argv: list[str] | None = None) -> int:
         "total_seconds": round(time.perf_counter() - t_run, 1),
         "command": "python -m benchmarks " + " ".join(argv if argv is not None else sys.argv[1:]),
         "machine": machine_info(),
+        "cachedb_source_sha256": source_start,
+        "cachedb_source_changed_during_run": cachedb_source_digest() != source_start,
         # Other processes on the machine skew timings: the 1-minute load average at start/end.
         "load_average_1min": {"start": load_start, "end": _loadavg()},
     }

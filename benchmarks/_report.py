@@ -66,11 +66,14 @@ class SectionResult:
     extra: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
     error: str | None = None
+    #: 1-minute load average before and after the section (other processes skew timings).
+    load_average: tuple[float | None, float | None] = (None, None)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "title": self.title,
             "seconds": round(self.seconds, 2),
+            "load_average_1min": list(self.load_average),
             "rows": [r.to_json() for r in self.rows],
             "notes": self.notes,
             "extra": self.extra,
@@ -105,6 +108,20 @@ def machine_info() -> dict[str, Any]:
     }
 
 
+def cachedb_source_digest() -> str:
+    """SHA-256 (first 16 hex digits) over the measured cachedb package's ``*.py`` files, so a
+    result can be matched to the code it measured."""
+    import hashlib
+
+    import cachedb
+
+    root = Path(cachedb.__file__).resolve().parent
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
 def _fmt_ratio(row: Row) -> str:
     ratio = row.ratio
     if ratio is None:
@@ -127,7 +144,8 @@ def markdown(results: list[SectionResult], meta: dict[str, Any]) -> str:
         f"# cachedb benchmarks ({'quick' if meta['quick'] else 'full'} run, {meta['created']})",
         "",
         f"{m['cpu']}, {m['cores']} cores; Python {m['python']}, torch {m['torch']}, "
-        f"SQLite {m['sqlite']}; 1-min load average {meta.get('load_average_1min', {}).get('start')} at start, "
+        f"SQLite {m['sqlite']}; cachedb sources {meta.get('cachedb_source_sha256')}"
+        f"{' (CHANGED during the run)' if meta.get('cachedb_source_changed_during_run') else ''}; 1-min load average {meta.get('load_average_1min', {}).get('start')} at start, "
         f"{meta.get('load_average_1min', {}).get('end')} at end. Values: median [p10–p90] over n repetitions; "
         "ratio = cachedb median / baseline median (for times, < 1 means cachedb is faster).",
         "",
@@ -164,7 +182,8 @@ def markdown(results: list[SectionResult], meta: dict[str, Any]) -> str:
     for res in results:
         if not res.notes:
             continue
-        lines.append(f"**{res.name}** — {res.title} ({res.seconds:.0f} s)")
+        lo, hi = res.load_average
+        lines.append(f"**{res.name}** — {res.title} ({res.seconds:.0f} s; load average {lo} → {hi})")
         lines.append("")
         lines.extend(f"- {note}" for note in res.notes)
         lines.append("")

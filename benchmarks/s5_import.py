@@ -44,16 +44,19 @@ _GROUPS = [
 #: Cumulative time of these (label, file-name suffix, function name) is reported as a share of
 #: the whole profiled import: the per-file steps of ``Importer._import_one``.
 _STEPS = [
-    ("Importer._import_one (everything per file)", "cachedb/importer.py", "_import_one"),
-    ("GuardedEntryRepository.put (exists check, sha256_hash, zstd pack, INSERT)", "repositories/guarded.py", "put"),
-    ("read_entry_fields (pickle opcode scan)", "cachedb/_pickle_scan.py", "read_entry_fields"),
-    ("SAVEPOINT per file (Connection.begin_nested, via Session.begin_nested)", "engine/base.py", "begin_nested"),
-    ("RELEASE SAVEPOINT per file (SessionTransaction.commit)", "orm/session.py", "commit"),
-    ("_payload.pack (zstd + SHA-256 checksum)", "cachedb/_payload.py", "pack"),
-    ("keys.sha256_hash (file-name check and variant)", "cachedb/keys.py", "sha256_hash"),
     ("scan (walk + stat every file)", "cachedb/importer.py", "scan"),
+    ("Importer._import_batch (per batch: read, check, write)", "cachedb/importer.py", "_import_batch"),
+    ("_check_guarded (name check + pickle scan)", "cachedb/importer.py", "_check_guarded"),
+    ("read_entry_fields (pickle opcode scan)", "cachedb/_pickle_scan.py", "read_entry_fields"),
+    ("GuardedEntryRepository.put_many_pickled (bulk insert)", "repositories/guarded.py", "put_many_pickled"),
+    ("GuardedEntryRepository.put (one by one)", "repositories/guarded.py", "put"),
+    ("Importer._import_one (non-guarded files, one by one)", "cachedb/importer.py", "_import_one"),
     ("BestConfigRepository.put", "repositories/best_configs.py", "put"),
     ("timings document (_import_local_cache)", "cachedb/importer.py", "_import_local_cache"),
+    ("SAVEPOINT (Connection.begin_nested)", "engine/base.py", "begin_nested"),
+    ("RELEASE SAVEPOINT (SessionTransaction.commit)", "orm/session.py", "commit"),
+    ("_payload.pack (zstd)", "cachedb/_payload.py", "pack"),
+    ("keys.sha256_hash", "cachedb/keys.py", "sha256_hash"),
 ]
 
 
@@ -166,7 +169,7 @@ def run(ctx: Context) -> SectionResult:
     steps = summary["steps_cumulative_percent"]
     assert isinstance(steps, dict)
     res.notes.append(
-        "Per-file steps (cumulative share of the profiled import): "
+        "Importer steps (cumulative share of the profiled import; nested steps overlap): "
         + "; ".join(f"{k} {v}%" for k, v in steps.items()) + "."
     )
     top = summary["top_self_time"]
