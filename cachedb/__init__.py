@@ -12,6 +12,7 @@
 from ._errors import (
     BadInputError,
     CacheDBError,
+    CorruptBlobError,
     CorruptPayloadError,
     CutlassOpListError,
     DatabaseOpenError,
@@ -34,6 +35,7 @@ __all__ = [
     "BadInputError",
     "CacheDB",
     "CacheDBError",
+    "CorruptBlobError",
     "CorruptPayloadError",
     "CutlassOpListError",
     "DatabaseOpenError",

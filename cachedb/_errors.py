@@ -100,3 +100,12 @@ class CorruptPayloadError(CacheDBError):
         self.where = where
         self.reason = reason
         super().__init__(f"{where}: corrupt payload ({reason})")
+
+
+class CorruptBlobError(CorruptPayloadError):
+    """A kernel blob (:class:`~cachedb.models.KernelBlob`) fails its SHA-256 or does not
+    decompress; ``sha256`` names it. Its files are never written out."""
+
+    def __init__(self, where: str, reason: str, sha256: str) -> None:
+        self.sha256 = sha256
+        super().__init__(where, reason)

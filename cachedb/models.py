@@ -12,10 +12,13 @@ table                        Inductor artifact
 ``best_configs``             ``<k[1:3]>/<name>.best_config``
 ``cutlass_op_lists``         ``configs_<request key>.json``
 ``cutlass_ops``              one row per op of a CUTLASS op list
+``kernel_artifacts``         ``triton/<device>/<key>/<file>`` (Triton's cache), ``<k[1:3]>/<k>*.so``
+                             (C++ kernel libraries): (kind, host, key, file name) → a blob
+``kernel_blobs``             content-addressed bytes of kernel files (one copy per SHA-256)
 ===========================  ==================================================================
 
 Views (created by the migrations, see :data:`VIEW_NAMES`): ``autotune_current``,
-``autotune_winners``, ``autotune_history``.
+``autotune_winners``, ``autotune_history`` (revision 0001), ``kernels`` (revision 0003).
 
 Timestamps are timezone-aware UTC. Payload columns hold zstd frames; sizes are bytes of the
 uncompressed payload; ``checksum`` is the SHA-256 hex digest of the uncompressed payload.
@@ -307,8 +310,73 @@ class CutlassOp(Base):
     op_list: Mapped[CutlassOpList] = relationship(back_populates="ops")
 
 
-#: Tuning-history views created by the migrations (SQL in migrations/versions/0001_schema_v1.py):
+#: Kinds of kernel artifacts: Triton's cache directories and C++ kernel libraries.
+ARTIFACT_KINDS = ("triton", "cpp")
+
+
+class KernelBlob(Base):
+    """The bytes of one kernel file, stored once however many keys or machines share them
+    (revision 0003).
+
+    ``sha256`` is the hex digest of the uncompressed bytes (the content address and the
+    checksum); ``payload`` their zstd frame; ``size_bytes`` the uncompressed size and
+    ``stored_bytes`` the frame's size, both in bytes.
+    """
+
+    __tablename__ = "kernel_blobs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    sha256: Mapped[str] = mapped_column(String(64), unique=True)
+    payload: Mapped[bytes] = mapped_column(LargeBinary)
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    stored_bytes: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class KernelArtifact(Base):
+    """One file of a compiled kernel, found by the key its compiler gives it (revision 0003).
+
+    - ``kind="triton"``: a file of Triton's cache directory ``<triton cache>/<key>/<name>``
+      (``key`` = ``_base32(sha256(get_cache_key(...)))``, triton/runtime/cache.py; it covers
+      the source, Triton's build, the GPU arch, ptxas and the options). ``host_key`` is ``""``:
+      the key alone decides.
+    - ``kind="cpp"``: a C++ kernel library built by ``CppCodeCache.load_async``
+      (torch/_inductor/codecache.py), ``<cache dir>/<key[1:3]>/<name>`` with ``key`` the
+      ``code_hash`` of its source and command line. The command line says ``-march=native``
+      and not the compiler's version, so ``host_key`` (:func:`cachedb.live._cpp_cache.host_key`:
+      compiler version, CPU flags, machine, torch and Python versions) scopes the binary to the
+      hosts that can load it; ``""`` = built on an unknown host (exported, never served).
+
+    A whole key directory is fetched in one query (the unique index leads with kind, host key,
+    key). ``last_used_at`` (indexed) drives eviction; ``hit_count`` counts serves.
+    """
+
+    __tablename__ = "kernel_artifacts"
+    __table_args__ = (
+        UniqueConstraint("kind", "host_key", "key", "name", name="uq_kernel_artifacts_kind_host_key_key_name"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    host_key: Mapped[str] = mapped_column(String(64), default="")
+    key: Mapped[str] = mapped_column(String(128))
+    name: Mapped[str] = mapped_column(String(255))
+    blob_id: Mapped[int] = mapped_column(ForeignKey("kernel_blobs.id", ondelete="RESTRICT"), index=True)
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    fingerprint_id: Mapped[Optional[int]] = mapped_column(
+        ForeignKey("system_fingerprints.id", ondelete="SET NULL"), index=True
+    )
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    last_used_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow, index=True)
+    hit_count: Mapped[int] = mapped_column(Integer, default=0)
+
+    blob: Mapped[KernelBlob] = relationship()
+
+
+#: Views created by the migrations. Tuning history (SQL in migrations/versions/0001_schema_v1.py):
 #: ``autotune_current`` (latest timing of each choice), ``autotune_winners`` (fastest current
 #: choice per op, inputs, precision and fingerprint, with the number of candidates) and
 #: ``autotune_history`` (every benchmark with its fingerprint: device, torch version, host).
-VIEW_NAMES = ("autotune_current", "autotune_winners", "autotune_history")
+#: Kernels (0003_kernel_artifacts.py): ``kernels``, one row per kernel key with its files,
+#: bytes (uncompressed and stored), blobs shared with other keys, hits and last use.
+VIEW_NAMES = ("autotune_current", "autotune_winners", "autotune_history", "kernels")

@@ -33,6 +33,10 @@ ENV_TIMEOUT = "CACHEDB_TIMEOUT"
 #: A file that every process with cachedb active appends a debug trace of its lookups to.
 ENV_LOG_FILE = "CACHEDB_LOG_FILE"
 
+#: Triton's cache-manager variable (``triton.knobs.cache.manager_class``) and cachedb's value.
+ENV_TRITON_MANAGER = "TRITON_CACHE_MANAGER"
+TRITON_MANAGER_SPEC = "cachedb.live._triton_cache:CacheDBTritonCacheManager"
+
 #: The directory holding cachedb's ``sitecustomize.py`` (activation in child processes).
 BOOTSTRAP_DIR = str(Path(__file__).resolve().parent.parent / "_bootstrap")
 
@@ -55,6 +59,8 @@ def child_environment(location: str, base: dict[str, str] | None = None) -> dict
     env.pop("CACHEDB_URL", None)
     env.update(_location_env(location))
     env[ENV_ENABLE] = "1"
+    if not env.get(ENV_TRITON_MANAGER):
+        env[ENV_TRITON_MANAGER] = TRITON_MANAGER_SPEC
     paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != BOOTSTRAP_DIR]
     env["PYTHONPATH"] = os.pathsep.join([BOOTSTRAP_DIR, *paths])
     return env
@@ -72,9 +78,15 @@ def install(
     Pickled entries are not loaded from a database owned by another user or writable by
     others unless ``trust=True`` (or ``CACHEDB_TRUST=1``).
 
+    Compiled kernels are served too: C++ kernel libraries through ``CppCodeCache``'s build
+    seams, and Triton's cache through ``TRITON_CACHE_MANAGER`` (set here unless the user set
+    another manager, which is then kept with a warning). Inductor's compile workers copy the
+    environment when the first compile starts them, so install before the first
+    ``torch.compile``.
+
     Raises :class:`TorchUnavailableError` without torch, and :class:`SeamMissingError` when
-    the installed torch lacks a seam (nothing is patched then). A database that cannot be
-    opened does not raise: it logs one warning and every lookup is a miss.
+    the installed torch (or Triton) lacks a seam (nothing is patched then). A database that
+    cannot be opened does not raise: it logs one warning and every lookup is a miss.
     """
     global _active
     location = os.fspath(path) if path is not None else default_location()
@@ -94,9 +106,19 @@ def install(
             uninstall()
         store = LiveStore(location, timeout_s=timeout_s, trust=trust)
         patches = _seams.build(store)
+        has_triton = _seams.triton_available()
         _seams.apply(patches)
-        previous = {k: os.environ.get(k) for k in ("CACHEDB_PATH", "CACHEDB_URL", ENV_ENABLE, "PYTHONPATH")}
+        previous = {
+            k: os.environ.get(k)
+            for k in ("CACHEDB_PATH", "CACHEDB_URL", ENV_ENABLE, "PYTHONPATH", ENV_TRITON_MANAGER)
+        }
         child = child_environment(location)
+        user_manager = os.environ.get(ENV_TRITON_MANAGER)
+        if has_triton and user_manager and user_manager != TRITON_MANAGER_SPEC:
+            log.warning(
+                "cachedb: %s=%s is set; Triton kernels stay in Triton's own cache (not the database)",
+                ENV_TRITON_MANAGER, user_manager,
+            )
         for key in previous:
             if key in child:
                 os.environ[key] = child[key]

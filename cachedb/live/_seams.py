@@ -14,6 +14,11 @@ seam (torch 2.11 / 2.13)                               served from
 ``AutotuneCacheArtifact.populate_cache`` (Mega-Cache)    ``best_configs``
 ``maybe_fetch_ops`` (codegen/cutlass/cache.py and its   ``cutlass_op_lists``
 import in gemm_template.py)
+``codecache._worker_compile_cpp``,                      ``kernel_artifacts`` (kind ``cpp``)
+``cpp_builder.CppBuilder.build`` (C++ kernel libraries)
+Triton's ``CacheManager`` (``TRITON_CACHE_MANAGER``,     ``kernel_artifacts`` (kind ``triton``)
+set by :func:`cachedb.install`; checked when Triton is
+installed)
 =====================================================  ==========================================
 
 All of them or none: :func:`apply` raises :class:`SeamMissingError` before touching anything
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.util
 import json
 import logging
 import os
@@ -34,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._errors import CacheDBError
+from ._cpp_cache import wrap_build, wrap_worker_compile_cpp
 from ._store import LazyLocalCache, LiveStore
 
 log = logging.getLogger("cachedb.live")
@@ -293,6 +300,35 @@ def _cutlass_seams(store: LiveStore) -> list[_Patch]:
     return patches
 
 
+def _cpp_seams() -> list[_Patch]:
+    codecache = _require("torch._inductor.codecache")
+    worker = _require("torch._inductor.codecache", "_worker_compile_cpp")
+    _require("torch._inductor.codecache", "CppCodeCache", "load_async")
+    CppBuilder = _require("torch._inductor.cpp_builder", "CppBuilder")
+    _require("torch._inductor.cpp_builder", "CppBuilder", "get_target_file_path")
+    build = _require("torch._inductor.cpp_builder", "CppBuilder", "build")
+    _require("torch._inductor.cpp_builder", "get_compiler_version_info")
+    _require("torch._inductor.cpp_builder", "get_cpp_compiler")
+    return [
+        _Patch(codecache, "_worker_compile_cpp", wrap_worker_compile_cpp(worker)),
+        _Patch(CppBuilder, "build", wrap_build(build)),
+    ]
+
+
+def triton_available() -> bool:
+    """Whether Triton is installed, checking its cache-manager seam when it is.
+
+    Raises :class:`SeamMissingError` when Triton is there but ``triton.runtime.cache`` lacks
+    ``FileCacheManager`` with ``get_file``/``put``/``get_group``/``put_group``.
+    """
+    if importlib.util.find_spec("triton") is None:
+        return False
+    for attr in ("get_file", "put", "get_group", "put_group"):
+        _require("triton.runtime.cache", "FileCacheManager", attr)
+    _require("triton.runtime.cache", "get_cache_manager")
+    return True
+
+
 def build(store: LiveStore) -> list[_Patch]:
     """Every patch for the installed torch. Raises :class:`SeamMissingError` if one is missing."""
     FxGraphCache = _require("torch._inductor.codecache", "FxGraphCache")
@@ -309,6 +345,7 @@ def build(store: LiveStore) -> list[_Patch]:
     patches += _local_cache_seams(store)
     patches += _best_config_seams(store)
     patches += _cutlass_seams(store)
+    patches += _cpp_seams()
     return patches
 
 

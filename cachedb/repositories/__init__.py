@@ -2,6 +2,7 @@
 and writes through it, and never commits: the transaction belongs to the caller
 (:meth:`cachedb.CacheDB.transaction`)."""
 
+from .artifacts import KernelArtifactRepository, KernelFile
 from .best_configs import BestConfigRepository
 from .cutlass import CutlassOpListRepository
 from .fingerprints import FingerprintRepository
@@ -15,6 +16,8 @@ __all__ = [
     "CutlassOpListRepository",
     "FingerprintRepository",
     "GuardedEntryRepository",
+    "KernelArtifactRepository",
+    "KernelFile",
     "LocalCacheValueRepository",
     "StoredVariant",
 ]

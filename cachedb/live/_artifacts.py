@@ -1,0 +1,246 @@
+"""Kernel files between the database and the local cache directories of one process.
+
+Used by the Triton cache manager (:mod:`cachedb.live._triton_cache`) and the C++ library seam
+(:mod:`cachedb.live._cpp_cache`). Compilers need real files (the CUDA launcher reads the cubin
+from disk, ``cdll.LoadLibrary`` opens the ``.so``), so a hit *materializes* the stored files:
+each is written to a temporary in the parent directory and renamed into place, so no reader
+ever sees a partial file, and files already present are left alone. Like every live path,
+failures are one warning and a miss.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+import uuid
+from collections.abc import Sequence
+
+from .._errors import CorruptBlobError
+from ..models import utcnow
+from ._store import LiveStore
+
+log = logging.getLogger("cachedb.live")
+
+
+def write_file_atomic(directory: str, name: str, data: bytes) -> str:
+    """Write ``data`` to ``directory/name`` through a temporary in ``directory``'s parent and
+    ``os.replace`` (so the directory itself never lists a temporary: Inductor's
+    ``TritonBundler.collect`` bundles every file it finds there). Returns the path."""
+    path = os.path.join(directory, name)
+    parent = os.path.dirname(os.path.abspath(directory)) or directory
+    tmp = os.path.join(parent, f".cachedb.{os.getpid()}.{uuid.uuid4().hex}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return path
+
+
+class KernelArtifacts:
+    """The kernel-artifact side of a :class:`~cachedb.live._store.LiveStore`."""
+
+    def __init__(self, live: LiveStore) -> None:
+        self.live = live
+        self._hits: dict[tuple[str, str, str], tuple[int, object]] = {}
+        self._lock = threading.Lock()
+        self._atexit = False
+
+    def _served(self) -> bool:
+        """False when the database is not trusted: a kernel binary is code, like a pickle
+        (same rule: not from a database owned by another user or writable by others)."""
+        self.live.db  # opens it, and decides trust
+        return self.live.pickles_refused is None
+
+    # -- reads -------------------------------------------------------------------------------
+
+    def materialize_key(
+        self, kind: str, key: str, directory: str, *, host_key: str = "", require: str | None = None,
+        rewrite: dict[str, bytes] | None = None,
+    ) -> dict[str, bytes] | None:
+        """Write every stored file of key ``key`` into ``directory`` (created if needed).
+
+        ``require``: a file name the stored key must hold, else nothing is written (a miss).
+        Returns the stored files ``{name: bytes}`` (``None`` on a miss, a damaged blob or a
+        database that cannot be read: one warning). Files already in ``directory`` are kept.
+        The file named ``require`` is written last, so a concurrent reader that waits for it
+        finds the others in place.
+        """
+
+        def read() -> dict[str, bytes] | None:
+            if not self._served():
+                return None
+            try:
+                with self.live.db.lookup() as repos:
+                    files = repos.artifacts.key_files(kind, key, host_key=host_key)
+            except CorruptBlobError as exc:
+                self.live.warn_once(f"{kind} kernel payload check", exc)
+                self._quarantine(exc)
+                return None
+            if not files or (require is not None and require not in files):
+                return None
+            return files
+
+        files = self.live.safely(f"{kind} kernel lookup", None, read)
+        log.debug("%s kernel lookup %s: %s", kind, key, f"{len(files)} file(s)" if files else "miss")
+        if not files:
+            return None
+
+        def write() -> dict[str, bytes]:
+            os.makedirs(directory, exist_ok=True)
+            order = sorted(files, key=lambda n: n == require)
+            for name in order:
+                data = (rewrite or {}).get(name, files[name])
+                if not os.path.exists(os.path.join(directory, name)):
+                    write_file_atomic(directory, name, data)
+            return files
+
+        written = self.live.safely(f"{kind} kernel materialize", None, write)
+        if written is not None:
+            self.note_hit(kind, host_key, key)
+        return written
+
+    def fetch_key(self, kind: str, key: str, *, host_key: str = "") -> dict[str, bytes] | None:
+        """The stored files of ``key`` without writing them (``None``: miss or failure)."""
+
+        def read() -> dict[str, bytes] | None:
+            if not self._served():
+                return None
+            try:
+                with self.live.db.lookup() as repos:
+                    return repos.artifacts.key_files(kind, key, host_key=host_key) or None
+            except CorruptBlobError as exc:
+                self.live.warn_once(f"{kind} kernel payload check", exc)
+                self._quarantine(exc)
+                return None
+
+        return self.live.safely(f"{kind} kernel lookup", None, read)
+
+    def materialize_file(self, kind: str, key: str, name: str, directory: str, *, host_key: str = "") -> bool:
+        """Write one stored file into ``directory``; False on a miss or a failure."""
+
+        def run() -> bool:
+            if not self._served():
+                return False
+            try:
+                with self.live.db.lookup() as repos:
+                    data = repos.artifacts.get_file(kind, key, name, host_key=host_key)
+            except CorruptBlobError as exc:
+                self.live.warn_once(f"{kind} kernel payload check", exc)
+                self._quarantine(exc)
+                return False
+            if data is None:
+                return False
+            os.makedirs(directory, exist_ok=True)
+            if not os.path.exists(os.path.join(directory, name)):
+                write_file_atomic(directory, name, data)
+            return True
+
+        found = self.live.safely(f"{kind} kernel lookup", False, run)
+        log.debug("%s kernel file lookup %s/%s: %s", kind, key, name, "hit" if found else "miss")
+        if found:
+            self.note_hit(kind, host_key, key)
+        return found
+
+    def _quarantine(self, exc: CorruptBlobError) -> None:
+        """Move the damaged blob named in ``exc`` aside (its keys become misses)."""
+
+        def write() -> None:
+            with self.live.db.transaction() as repos:
+                repos.artifacts.quarantine_blob(exc.sha256, exc.reason)
+            try:
+                from torch._dynamo.utils import counters
+
+                counters["inductor"]["cachedb_corrupt_payload"] += 1
+            except ImportError:
+                pass
+
+        self.live.safely("kernel blob quarantine", None, write)
+
+    # -- writes ------------------------------------------------------------------------------
+
+    def put_files(self, kind: str, key: str, files: Sequence[tuple[str, bytes]], *, host_key: str = "") -> None:
+        """Store the files of one key directory in one transaction (dropped on failure)."""
+
+        def write() -> None:
+            with self.live.db.transaction() as repos:
+                fp_id = self.live._fingerprint_id(repos)
+                n = repos.artifacts.put_files(kind, key, files, host_key=host_key, fingerprint_id=fp_id)
+                self._take_hits(repos)
+            log.debug("%s kernel write %s: %d file(s), %d new", kind, key, len(files), n)
+
+        self.live.safely(f"{kind} kernel write", None, write)
+
+    # -- hits --------------------------------------------------------------------------------
+
+    def note_hit(self, kind: str, host_key: str, key: str) -> None:
+        """Count a served key; written with the next write, and at exit."""
+        with self._lock:
+            n, _ = self._hits.get((kind, host_key, key), (0, None))
+            self._hits[(kind, host_key, key)] = (n + 1, utcnow())
+            if not self._atexit:
+                self._atexit = True
+                atexit.register(self.flush_hits)
+
+    def _take_hits(self, repos: object) -> None:
+        with self._lock:
+            hits, self._hits = self._hits, {}
+        if hits:
+            repos.artifacts.record_hits(hits)  # type: ignore[attr-defined]
+
+    def flush_hits(self) -> None:
+        """Write pending hit counts and last-use times."""
+        if not self._hits or self.live.closed:
+            return
+
+        def write() -> None:
+            with self.live.db.transaction() as repos:
+                self._take_hits(repos)
+
+        self.live.safely("kernel hit count write", None, write)
+
+
+_lock = threading.Lock()
+_by_store: dict[int, tuple[LiveStore, KernelArtifacts]] = {}
+_standalone: LiveStore | None = None
+
+
+def for_store(live: LiveStore) -> KernelArtifacts:
+    """The :class:`KernelArtifacts` of ``live`` (one per store)."""
+    with _lock:
+        entry = _by_store.get(id(live))
+        if entry is None or entry[0] is not live:
+            entry = (live, KernelArtifacts(live))
+            _by_store[id(live)] = entry
+        return entry[1]
+
+
+def current() -> KernelArtifacts | None:
+    """The kernel artifacts of this process's active store; else, in a process that cachedb
+    activation reached only through the environment (``CACHEDB_ENABLE=1`` with
+    ``CACHEDB_PATH``/``CACHEDB_URL``, e.g. a Triton compile in a forked worker), a store
+    opened from it; else ``None`` (Triton and Inductor use their files alone)."""
+    global _standalone
+    from . import ENV_ENABLE, ENV_TIMEOUT, active_store
+    from ._store import DEFAULT_LIVE_TIMEOUT_S
+
+    store = active_store()
+    if store is None:
+        if os.environ.get(ENV_ENABLE) != "1":
+            return None
+        location = os.environ.get("CACHEDB_URL") or os.environ.get("CACHEDB_PATH")
+        if not location:
+            return None
+        with _lock:
+            if _standalone is None or _standalone.location != location:
+                timeout = float(os.environ.get(ENV_TIMEOUT) or DEFAULT_LIVE_TIMEOUT_S)
+                _standalone = LiveStore(location, timeout_s=timeout)
+            store = _standalone
+    return for_store(store)
