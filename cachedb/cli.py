@@ -5,31 +5,61 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
+import sqlite3
 import sys
-from collections.abc import Sequence
-from typing import Any
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
 
 import click
 from rich.console import Console
-from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
 from rich.table import Table
 from rich.text import Text
 from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 
 from . import __version__
-from ._engine import set_read_only
-from ._errors import CacheDBError
+from ._engine import SQLITE_HEADER, default_location, set_read_only, sqlite_path, to_url
+from ._errors import CacheDBError, DatabaseOpenError, NotADatabaseError
 from .db import CacheDB
 
 FORMATS = click.Choice(["table", "json", "csv"])
 err = Console(stderr=True, soft_wrap=True)
+
+#: Seconds a command waits on a database locked by another process before it gives up.
+DEFAULT_TIMEOUT_S = 30.0
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class NoDatabaseError(DatabaseOpenError):
+    """A read command was pointed at a database that does not exist (nothing is created)."""
 
 
 def _json_default(value: Any) -> Any:
     if isinstance(value, (bytes, memoryview)):
         return f"<{len(bytes(value))} bytes>"
     return str(value)
+
+
+def _columns(rows: Sequence[dict[str, Any]], known: Sequence[str] = ()) -> list[str]:
+    """``known`` columns first, then any other key the rows carry (in first-seen order)."""
+    columns = list(known)
+    for r in rows:
+        columns += [k for k in r if k not in columns]
+    return columns
 
 
 def emit(rows: Sequence[dict[str, Any]], columns: Sequence[str], fmt: str) -> None:
@@ -48,7 +78,7 @@ def emit(rows: Sequence[dict[str, Any]], columns: Sequence[str], fmt: str) -> No
         for c in columns:
             table.add_column(Text(str(c)))
         for r in rows:
-            table.add_row(*(Text("" if r[c] is None else str(r[c]) if isinstance(r[c], (int, float, str))
+            table.add_row(*(Text("" if r.get(c) is None else str(r[c]) if isinstance(r[c], (int, float, str))
                                  else _json_default(r[c])) for c in columns))
         Console(width=max(120, Console().width)).print(table)
 
@@ -58,50 +88,295 @@ def _printable(text: str) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-class _Context:
-    def __init__(self, location: str | None) -> None:
-        self.location = location
+# --------------------------------------------------------------------------- progress bars
 
-    def open(self) -> CacheDB:
-        return CacheDB(self.location)
+
+def _human(n: float) -> str:
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n} B"  # pragma: no cover
+
+
+class ProgressBar:
+    """A rich progress bar on stderr with counts and bytes, drawn only on a terminal.
+
+    :meth:`update` may be called after every item: it only stores the numbers and passes them
+    to rich at most every :attr:`interval` seconds (and once more at the end), so a fast loop
+    pays a clock read per call. ``refreshes`` counts the updates passed on.
+    """
+
+    interval = 0.1
+
+    def __init__(self, description: str, *, unit: str = "files", console: Console | None = None,
+                 enabled: bool | None = None) -> None:
+        console = console or Console(stderr=True)
+        self.enabled = console.is_terminal if enabled is None else enabled
+        self.unit = unit
+        self.refreshes = 0
+        self._last = 0.0
+        self._state: dict[str, Any] = {}
+        self._progress = Progress(
+            TextColumn("[progress.description]{task.description}"),
+            BarColumn(),
+            TextColumn("{task.fields[count]}"),
+            DownloadColumn(),
+            TransferSpeedColumn(),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=console,
+            transient=True,
+            disable=not self.enabled,
+        )
+        self._task: TaskID = self._progress.add_task(_printable(description), total=None, count="")
+
+    def __enter__(self) -> ProgressBar:
+        self._progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._push()
+        self._progress.stop()
+
+    def update(self, *, count: int | None = None, total_count: int | None = None,
+               done_bytes: int | None = None, total_bytes: int | None = None) -> None:
+        for k, v in (("count", count), ("total_count", total_count), ("done", done_bytes), ("total", total_bytes)):
+            if v is not None:
+                self._state[k] = v
+        now = time.monotonic()
+        if now - self._last >= self.interval:
+            self._last = now
+            self._push()
+
+    def _push(self) -> None:
+        if not self.enabled or not self._state:
+            return
+        self.refreshes += 1
+        st = self._state
+        count = ""
+        if "count" in st:
+            count = f"{st['count']}/{st['total_count']} {self.unit}" if "total_count" in st else f"{st['count']} {self.unit}"
+        self._progress.update(self._task, completed=st.get("done", 0), total=st.get("total"), count=count)
+
+
+def _accepts(func: Callable[..., Any], name: str) -> bool:
+    import inspect
+
+    try:
+        return name in inspect.signature(func).parameters
+    except (TypeError, ValueError):  # pragma: no cover
+        return False
+
+
+def _progress_callback(bar: ProgressBar) -> Callable[..., None]:
+    """A ``progress`` callback for the importer/exporter/prune: ``(done_bytes, total_bytes)``,
+    optionally followed by ``(done_items, total_items)``."""
+
+    def progress(done: int, total: int, *counts: int) -> None:
+        if len(counts) >= 2:
+            bar.update(done_bytes=done, total_bytes=total, count=counts[0], total_count=counts[1])
+        else:
+            bar.update(done_bytes=done, total_bytes=total)
+
+    return progress
+
+
+# --------------------------------------------------------------------------- the database of a command
+
+
+class _Context:
+    def __init__(self, location: str | None, timeout: float = DEFAULT_TIMEOUT_S) -> None:
+        self.location = location
+        self.timeout = timeout
+        self.where: str | None = None
+
+    def _resolve(self) -> str:
+        location = self.location or default_location()
+        try:
+            url = to_url(location)
+            path = sqlite_path(url)
+        except Exception:  # noqa: BLE001 - CacheDB() reports a bad location with its reason
+            self.where = location
+            return location
+        self.where = str(path) if path is not None else url.render_as_string(hide_password=True)
+        return location
+
+    def open(self, *, existing: bool = False) -> CacheDB:
+        """The command's database. ``existing``: a command that reads or trims a database
+        (stats, query, verify, export, prune): it never creates a file, a directory or a
+        schema, and says there is no database instead."""
+        location = self._resolve()
+        if not existing:
+            return CacheDB(location, busy_timeout_s=self.timeout)
+        path = None
+        try:
+            path = sqlite_path(to_url(location))
+        except Exception:  # noqa: BLE001
+            pass
+        if path is not None:
+            _require_database_file(path, self.timeout)
+        db = CacheDB(location, busy_timeout_s=self.timeout, upgrade=False)
+        try:
+            if db.revision() is None:
+                raise NoDatabaseError(
+                    f"no cachedb database at {db.where}: it has no cachedb schema "
+                    f"(`cachedb --db {db.where} init` creates one)"
+                )
+            db.upgrade()  # an older cachedb schema is brought up to date, as on every open
+        except BaseException:
+            db.close()
+            raise
+        return db
+
+
+def _require_database_file(path: Path, timeout: float = DEFAULT_TIMEOUT_S) -> None:
+    """Refuse, without creating or changing anything, a path where no cachedb database is."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        raise NoDatabaseError(f"no database at {path}") from None
+    except OSError as exc:
+        raise DatabaseOpenError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    if path.is_dir():
+        raise DatabaseOpenError(f"{path}: is a directory, not a database file")
+    if st.st_size == 0:
+        raise NoDatabaseError(f"no database at {path} (the file is empty)")
+    try:
+        with path.open("rb") as f:
+            head = f.read(len(SQLITE_HEADER))
+    except OSError as exc:
+        raise DatabaseOpenError(f"{path}: cannot read: {exc.strerror or exc}{_owner_note(path)}") from exc
+    if head != SQLITE_HEADER:
+        raise NotADatabaseError(path, "file header is not 'SQLite format 3'")
+    # Another program's SQLite file: looked at read-only, so that not even its journal mode
+    # changes (cachedb's engine would switch it to WAL).
+    con = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, timeout=timeout)
+    try:
+        found = con.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'alembic_version'").fetchone()
+    finally:
+        con.close()
+    if found is None:
+        raise NoDatabaseError(f"no cachedb database at {path}: it has no cachedb schema "
+                              f"(`cachedb --db {path} init` creates one)")
+
+
+def _owner_note(path: Path | None) -> str:
+    """`` (owned by uid N, not by this user ...)`` when ``path`` belongs to someone else."""
+    if path is None or not hasattr(os, "getuid"):
+        return ""
+    try:
+        st = path.stat()
+    except OSError:
+        return ""
+    if st.st_uid != os.getuid():
+        return f" (the file is owned by uid {st.st_uid}, not by this user, uid {os.getuid()})"
+    if not os.access(path, os.W_OK):
+        return " (this user may not write it)"
+    return ""
+
+
+def describe_error(exc: BaseException, where: str | None, timeout: float | None = None) -> str:
+    """One line naming the database (``where``) and what is wrong, for an error SQLite, the
+    driver or the file system raised below cachedb's own checks."""
+    where = where or "the database"
+    orig = getattr(exc, "orig", None) or exc
+    message = str(orig).strip().splitlines()[0] if str(orig).strip() else type(orig).__name__
+    low = message.lower()
+    path = Path(where) if "://" not in where else None
+    if "database is locked" in low or "database table is locked" in low:
+        waited = f" longer than the {timeout:g} s timeout (--timeout SECONDS)" if timeout is not None else ""
+        return f"{where}: database is locked: another process held it{waited}"
+    if "malformed" in low or "disk image" in low or "could not decode" in low or "corrupt" in low:
+        return (f"{where}: the database is damaged ({message}); `cachedb verify` lists the damage, "
+                f"`cachedb recover` salvages the readable rows")
+    if "file is not a database" in low:
+        return f"{where}: not an SQLite database ({message})"
+    if "readonly" in low or "read-only" in low or "unable to open" in low or isinstance(orig, PermissionError):
+        return f"{where}: cannot open or write the database ({message}){_owner_note(path)}"
+    if isinstance(orig, OSError) and getattr(orig, "filename", None):
+        return f"{orig.filename}: {orig.strerror or message}"
+    return f"{where}: {type(orig).__name__}: {message}"
+
+
+def _set_location(ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    if value is not None:
+        ctx.ensure_object(_Context).location = value
+    return value
+
+
+def _set_timeout(ctx: click.Context, _param: click.Parameter, value: float | None) -> float | None:
+    if value is not None:
+        ctx.ensure_object(_Context).timeout = value
+    return value
+
+
+_DB_HELP = ("SQLite file or SQLAlchemy URL; before or after the command. Default: $CACHEDB_URL, "
+            "$CACHEDB_PATH, else ~/.cache/cachedb/cachedb.db.")
+_TIMEOUT_HELP = f"Seconds to wait for a database another process has locked (default {DEFAULT_TIMEOUT_S:g})."
+
+
+def db_options(func: F) -> F:
+    """``--db`` and ``--timeout`` on a subcommand too (``cachedb stats --db x.db``): a value
+    given after the command overrides the one given before it."""
+    func = click.option("--timeout", type=click.FloatRange(min=0), metavar="SECONDS", expose_value=False,
+                        callback=_set_timeout, help=_TIMEOUT_HELP)(func)
+    func = click.option("--db", metavar="PATH|URL", type=click.Path(path_type=str), expose_value=False,
+                        callback=_set_location, help=_DB_HELP)(func)
+    return func
 
 
 pass_ctx = click.make_pass_decorator(_Context)
 
 
 class _Group(click.Group):
-    """Turns cachedb's own errors into one clear line and exit status 1."""
+    """Turns every error into one clear line naming the database, and exit status 1."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except CacheDBError as exc:
-            err.print(Text("error: ", style="bold red") + Text(str(exc)), highlight=False)
-            sys.exit(1)
+            cause = exc.__cause__
+            if type(exc) is DatabaseOpenError and isinstance(cause, (SQLAlchemyError, sqlite3.Error)):
+                # CacheDB's "cannot open: OperationalError(...)": said in the user's words
+                obj = ctx.find_object(_Context)
+                _fail(describe_error(cause, obj.where if obj else None, obj.timeout if obj else None))
+            _fail(str(exc))
+        except (SQLAlchemyError, sqlite3.Error, UnicodeDecodeError, OSError) as exc:
+            obj = ctx.find_object(_Context)
+            _fail(describe_error(exc, obj.where if obj else None, obj.timeout if obj else None))
 
 
-@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option(
-    "--db",
-    "location",
-    metavar="PATH|URL",
-    help="SQLite file or SQLAlchemy URL. Default: $CACHEDB_URL, $CACHEDB_PATH, else "
-    "~/.cache/cachedb/cachedb.db.",
-)
+def _fail(message: str) -> None:
+    err.print(Text("error: ", style="bold red") + Text(_printable(message)), highlight=False)
+    sys.exit(1)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]},
+             epilog="Shell completion (bash; zsh and fish alike with zsh_source / fish_source):\n\n"
+                    "\b\n  eval \"$(_CACHEDB_COMPLETE=bash_source cachedb)\"   # in ~/.bashrc")
+@click.option("--db", "location", metavar="PATH|URL", type=click.Path(path_type=str), help=_DB_HELP)
+@click.option("--timeout", type=click.FloatRange(min=0), default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
+              help=_TIMEOUT_HELP)
 @click.version_option(__version__, prog_name="cachedb")
 @click.pass_context
-def main(ctx: click.Context, location: str | None) -> None:
+def main(ctx: click.Context, location: str | None, timeout: float) -> None:
     """cachedb: PyTorch Inductor's caches in one SQLite (or PostgreSQL) database.
+
+    --db and --timeout go before or after the command. Commands that read or
+    trim a database (stats, query, verify, export, export-artifacts, prune)
+    never create one.
 
     \b
     Example:
       cachedb --db inductor.db import /tmp/torchinductor_$USER
-      cachedb --db inductor.db stats
+      cachedb stats --db inductor.db --format json
     """
-    ctx.obj = _Context(location)
+    ctx.obj = _Context(location, timeout)
 
 
 @main.command()
+@db_options
 @pass_ctx
 def init(obj: _Context) -> None:
     """Create the database (or upgrade it) and print where it is.
@@ -122,6 +397,7 @@ def init(obj: _Context) -> None:
     help="Attribute the entries to this machine and torch (the directory was written here, "
     "by the installed torch). Needs torch.",
 )
+@db_options
 @pass_ctx
 def import_(obj: _Context, cache_dir: str, this_machine: bool) -> None:
     """Import an Inductor cache directory (TORCHINDUCTOR_CACHE_DIR).
@@ -141,22 +417,8 @@ def import_(obj: _Context, cache_dir: str, this_machine: bool) -> None:
         from .fingerprint import current
 
         fingerprint = current()
-    with obj.open() as db:
-        with Progress(
-            "[progress.description]{task.description}",
-            BarColumn(),
-            DownloadColumn(),
-            TimeRemainingColumn(),
-            console=err,
-            transient=True,
-            disable=not err.is_terminal,
-        ) as bar:
-            task = bar.add_task(f"importing {cache_dir}", total=None)
-
-            def progress(done: int, total: int) -> None:
-                bar.update(task, completed=done, total=total)
-
-            report = Importer(db, fingerprint=fingerprint).run(cache_dir, progress=progress)
+    with obj.open() as db, ProgressBar(f"importing {cache_dir}") as bar:
+        report = Importer(db, fingerprint=fingerprint).run(cache_dir, progress=_progress_callback(bar))
     kinds = sorted(set(report.added) | set(report.unchanged))
     emit(
         [{"kind": k, "added": report.added[k], "unchanged": report.unchanged[k]} for k in kinds],
@@ -174,6 +436,7 @@ def import_(obj: _Context, cache_dir: str, this_machine: bool) -> None:
 
 @main.command("export")
 @click.argument("target_dir", type=click.Path(file_okay=False, path_type=str))
+@db_options
 @pass_ctx
 def export(obj: _Context, target_dir: str) -> None:
     """Write the database back as an Inductor cache directory (atomic per file).
@@ -187,19 +450,25 @@ def export(obj: _Context, target_dir: str) -> None:
     """
     from .exporter import export_cache_dir
 
-    with obj.open() as db:
-        report = export_cache_dir(db, target_dir)
+    with obj.open(existing=True) as db, ProgressBar(f"exporting to {target_dir}") as bar:
+        if _accepts(export_cache_dir, "progress"):
+            report = export_cache_dir(db, target_dir, progress=_progress_callback(bar))  # type: ignore[call-arg]
+        else:
+            report = export_cache_dir(db, target_dir)
     kinds = sorted(set(report.written) | set(report.unchanged))
     emit(
         [{"kind": k, "written": report.written[k], "unchanged": report.unchanged[k]} for k in kinds],
         ("kind", "written", "unchanged"),
         "table",
     )
-    click.echo(_printable(f"{report.bytes_written} bytes written to {target_dir}"))
+    files = sum(report.written.values())
+    click.echo(_printable(f"{files} files, {report.bytes_written} bytes ({_human(report.bytes_written)}) "
+                          f"written to {target_dir}"))
 
 
 @main.command()
 @click.option("--format", "fmt", type=FORMATS, default="table", show_default=True)
+@db_options
 @pass_ctx
 def stats(obj: _Context, fmt: str) -> None:
     """Entries and bytes per kind and system fingerprint.
@@ -210,14 +479,15 @@ def stats(obj: _Context, fmt: str) -> None:
     """
     from .stats import COLUMNS, collect
 
-    with obj.open() as db, db.read() as repos:
+    with obj.open(existing=True) as db, db.read() as repos:
         rows = collect(repos.session)
-    emit(rows, COLUMNS, fmt)
+    emit(rows, _columns(rows, COLUMNS), fmt)
 
 
 @main.command()
 @click.argument("sql")
 @click.option("--format", "fmt", type=FORMATS, default="table", show_default=True)
+@db_options
 @pass_ctx
 def query(obj: _Context, sql: str, fmt: str) -> None:
     """Run one read-only SQL statement (writes are refused by the database).
@@ -232,7 +502,7 @@ def query(obj: _Context, sql: str, fmt: str) -> None:
     """
     from ._errors import QueryError
 
-    with obj.open() as db:
+    with obj.open(existing=True) as db:
         with db.engine.connect() as conn:
             with conn.begin() as txn:
                 set_read_only(conn)
@@ -241,13 +511,14 @@ def query(obj: _Context, sql: str, fmt: str) -> None:
                     columns = list(result.keys()) if result.returns_rows else []
                     rows = [dict(zip(columns, r)) for r in result] if result.returns_rows else []
                 except (SQLAlchemyError, UnicodeError) as exc:
-                    raise QueryError(f"query failed: {getattr(exc, 'orig', None) or exc}") from exc
+                    raise QueryError(f"{db.where}: query failed: {getattr(exc, 'orig', None) or exc}") from exc
                 finally:
                     txn.rollback()
     emit(rows, columns, fmt)
 
 
 @main.command()
+@db_options
 @pass_ctx
 def upgrade(obj: _Context) -> None:
     """Apply pending schema migrations (under a file lock).
@@ -284,6 +555,7 @@ def _parse_age(text: str) -> float:
 @click.option("--max-bytes", metavar="SIZE", help="Keep stored entries under SIZE (e.g. 10G, 500M).")
 @click.option("--older-than", metavar="AGE", help="Remove entries not used for AGE (e.g. 30d, 12h).")
 @click.option("--vacuum", is_flag=True, help="Give the freed space back to the file system (SQLite VACUUM).")
+@db_options
 @pass_ctx
 def prune(obj: _Context, max_bytes: str | None, older_than: str | None, vacuum: bool) -> None:
     """Evict FX graph and AOTAutograd entries, least recently used first.
@@ -300,18 +572,23 @@ def prune(obj: _Context, max_bytes: str | None, older_than: str | None, vacuum: 
     cutoff = None
     if older_than is not None:
         cutoff = dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=_parse_age(older_than))
-    with obj.open() as db:
-        with db.transaction() as repos:
-            n, freed = repos.guarded.evict(max_bytes=limit, older_than=cutoff)
+    with obj.open(existing=True) as db:
+        with ProgressBar(f"pruning {db.where}", unit="entries") as bar, db.transaction() as repos:
+            if _accepts(repos.guarded.evict, "progress"):
+                n, freed = repos.guarded.evict(max_bytes=limit, older_than=cutoff,  # type: ignore[call-arg]
+                                               progress=_progress_callback(bar))
+            else:
+                n, freed = repos.guarded.evict(max_bytes=limit, older_than=cutoff)
         if vacuum:
             from ._engine import vacuum as run_vacuum
 
             run_vacuum(db.engine)
-    click.echo(f"removed {n} entries, {freed} stored bytes")
+    click.echo(f"removed {n} entries, {freed} stored bytes ({_human(freed)})")
 
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@db_options
 @pass_ctx
 def run(obj: _Context, command: tuple[str, ...]) -> None:
     """Run a program with Inductor's caches served from the database.
@@ -343,6 +620,7 @@ def run(obj: _Context, command: tuple[str, ...]) -> None:
 @main.command()
 @click.option("--format", "fmt", type=FORMATS, default="table", show_default=True)
 @click.option("--no-quarantine", is_flag=True, help="Report corrupt entries but leave them in place.")
+@db_options
 @pass_ctx
 def verify(obj: _Context, fmt: str, no_quarantine: bool) -> None:
     """Check integrity, every payload's checksum (and signature, with CACHEDB_HMAC_KEY).
@@ -356,14 +634,19 @@ def verify(obj: _Context, fmt: str, no_quarantine: bool) -> None:
     """
     from .verify import verify as run_verify
 
-    with obj.open() as db:
+    with obj.open(existing=True) as db:
         problems, checked = run_verify(db, quarantine=not no_quarantine)
+    if fmt != "table":  # machine-readable: the (possibly empty) list, the summary on stderr
+        emit(problems, _columns(problems, ("what", "where", "problem")), fmt)
+    elif problems:
+        emit(problems, _columns(problems, ("what", "where", "problem")), fmt)
     if problems:
-        emit(problems, ("what", "where", "problem"), fmt)
         err.print(f"{len(problems)} problem(s) in {checked} payloads", highlight=False)
         sys.exit(1)
-    click.echo(f"ok: integrity check passed, {checked} payloads verified")
-
+    if fmt == "table":
+        click.echo(f"ok: integrity check passed, {checked} payloads verified")
+    else:
+        err.print(f"ok: integrity check passed, {checked} payloads verified", highlight=False)
 
 
 @main.group()
@@ -391,6 +674,7 @@ def cutlass() -> None:
     help="CUTLASS root holding python/cutlass_library. Default: config.cutlass.cutlass_dir "
     "if it has one, else the installed nvidia-cutlass packages.",
 )
+@db_options
 @pass_ctx
 def cutlass_generate(obj: _Context, arch: str, cuda_version: str, level: str, cutlass_dir: str | None) -> None:
     """Run torch's own CUTLASS generator once and store the op list.
@@ -422,6 +706,7 @@ def cutlass_generate(obj: _Context, arch: str, cuda_version: str, level: str, cu
 
 @main.command("export-artifacts")
 @click.argument("file", type=click.Path(dir_okay=False, path_type=str))
+@db_options
 @pass_ctx
 def export_artifacts_cmd(obj: _Context, file: str) -> None:
     """Write a Mega-Cache blob (torch.compiler.save_cache_artifacts format) to FILE.
@@ -442,7 +727,7 @@ def export_artifacts_cmd(obj: _Context, file: str) -> None:
     from ._errors import ExportError
     from .mega_cache import build_artifacts
 
-    with obj.open() as db:
+    with obj.open(existing=True) as db:
         result = build_artifacts(db)
     target = os.path.abspath(file)
     try:
@@ -468,6 +753,7 @@ def export_artifacts_cmd(obj: _Context, file: str) -> None:
 
 @main.command("import-artifacts")
 @click.argument("file", type=click.Path(dir_okay=False, path_type=str))
+@db_options
 @pass_ctx
 def import_artifacts_cmd(obj: _Context, file: str) -> None:
     """Import a Mega-Cache blob (what torch.compiler.save_cache_artifacts() returns).

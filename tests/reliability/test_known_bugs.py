@@ -230,7 +230,8 @@ def test_l2_cli_prints_text_literally(args: list[str] | None, tmp_path: Path) ->
         path = tmp_path / "[" / "notes]"
         path.write_text("not a database")
         args = ["--db", str(path), "stats"]
-    else:
+    else:  # query reads an existing database (read commands never create one)
+        CliRunner().invoke(cli, ["--db", str(tmp_path / "x.db"), "init"])
         args = ["--db", str(tmp_path / "x.db"), *args]
     result = CliRunner().invoke(cli, args)
     if result.exception is not None and not isinstance(result.exception, SystemExit):
