@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
-# Install cachedb, build a real Inductor cache with torch 2.13 (CPU), import it into one SQLite
-# file and query it. Usage: bash examples/quickstart.sh [WORK_DIR]
+# The quick start, one command on a fresh machine: installs cachedb and torch 2.13 (CPU), builds
+# a real Inductor cache with torch.compile, imports it into one SQLite file and queries it.
+#   bash examples/quickstart.sh [WORK_DIR]
+# Installs into the active virtual environment, else into ./.venv (created if absent).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+if [ -z "${VIRTUAL_ENV:-}" ]; then
+  [ -x .venv/bin/python ] || "${PYTHON:-python3}" -m venv .venv
+  . .venv/bin/activate
+fi
 python -m pip install -q torch==2.13.0          # pinned first: never an unpinned torch
 python -m pip install -q -e ".[torch]"
 

@@ -459,3 +459,23 @@ def test_shell_completion() -> None:
     words = subprocess.run([str(cachedb)], env=env, capture_output=True, text=True, timeout=60).stdout.split()
     assert words == ["plain,table", "plain,json", "plain,csv"]
     assert "_CACHEDB_COMPLETE=bash_source cachedb" in run("--help").output
+
+
+def test_ci_runs_the_readme_test_command() -> None:
+    """README's test command is what .ci/run calls; it and the quickstart install what they need."""
+    root = Path(__file__).resolve().parents[1]
+    readme = (root / "README.md").read_text()
+    tests = readme[readme.index("## Tests\n"):]
+    command = tests[tests.index("```bash\n") + 8:].splitlines()[0].split("#")[0].strip()
+    assert command == "bash .ci/test"
+    ci = [line.strip() for line in (root / ".ci" / "run").read_text().splitlines()
+          if line.strip() and not line.strip().startswith("#")]
+    assert ci[-1] == command
+    script = (root / ".ci" / "test").read_text()
+    torch_pin, extras, pytest_run = (script.index("pip install -q torch==2.13.0"),
+                                     script.index('pip install -q -e ".[torch,dev,cutlass]"'),
+                                     script.index("python -m pytest -q"))
+    assert torch_pin < extras < pytest_run  # torch pinned first: pip never resolves an unpinned torch
+    quick = (root / "examples" / "quickstart.sh").read_text()
+    assert quick.index("pip install -q torch==2.13.0") < quick.index('pip install -q -e ".[torch]"')
+    assert "bash examples/quickstart.sh" in readme
