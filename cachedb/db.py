@@ -23,6 +23,7 @@ from .repositories import (
     CutlassOpListRepository,
     FingerprintRepository,
     GuardedEntryRepository,
+    KernelArtifactRepository,
     LocalCacheValueRepository,
 )
 
@@ -57,6 +58,10 @@ class Repos:
     @property
     def cutlass(self) -> CutlassOpListRepository:
         return CutlassOpListRepository(self.session)
+
+    @property
+    def artifacts(self) -> KernelArtifactRepository:
+        return KernelArtifactRepository(self.session)
 
 
 class CacheDB:

@@ -5,6 +5,11 @@ Every file is written atomically (a dot-prefixed temporary in the same directory
 whole files (plus dot-temporaries that Inductor skips). The bytes written are exactly the bytes
 imported: pickles and op lists are stored verbatim, best configs as their JSON text, and
 ``cache/<system hash>`` documents are rebuilt in their original key order.
+
+Kernels: Triton's key directories go to ``triton/0/<key>/`` (the key does not depend on the
+device index), their group files' child paths pointing into the exported directory (so an
+export to the directory that was imported gives back its bytes, and an export elsewhere is a
+working cache); C++ kernel libraries go to ``<key[1:3]>/<name>``.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from sqlalchemy.exc import DatabaseError
 
 from . import _local_cache_doc as doc
 from ._errors import ExportError
+from ._triton_layout import EXPORT_DIR, GROUP_PREFIX, relocate_group
 from .db import CacheDB
 
 
@@ -62,18 +68,23 @@ def _check_target(target: Path) -> None:
         raise ExportError(f"{target}: the export directory is not writable")
 
 
-def export_cache_dir(db: CacheDB, target: str | os.PathLike[str]) -> ExportReport:
+def export_cache_dir(
+    db: CacheDB, target: str | os.PathLike[str], *, prefer_host: str | None = None
+) -> ExportReport:
     """See :func:`_export`. Raises :class:`~cachedb.ExportError` also when the database is
     too damaged to read (``cachedb verify`` says what)."""
     try:
-        return _export(db, target)
+        return _export(db, target, prefer_host=prefer_host)
     except (DatabaseError, UnicodeDecodeError) as exc:
         reason = str(getattr(exc, "orig", None) or exc)
         raise ExportError(f"{db.where}: cannot read the database ({reason}); run cachedb verify") from exc
 
 
-def _export(db: CacheDB, target: str | os.PathLike[str]) -> ExportReport:
+def _export(db: CacheDB, target: str | os.PathLike[str], *, prefer_host: str | None = None) -> ExportReport:
     """Write every stored entry under ``target`` in Inductor's layout.
+
+    A C++ library stored for several hosts is written once: ``prefer_host``'s
+    (:func:`cachedb.fingerprint.cpp_host_key` of this machine, say) if stored, else the first.
 
     Raises :class:`~cachedb.ExportError` naming the path when ``target`` (or a file in it)
     cannot be written; files written before the error are whole.
@@ -116,4 +127,22 @@ def _export(db: CacheDB, target: str | os.PathLike[str]) -> ExportReport:
 
         for request_key, data in repos.cutlass.iter_all():
             put("cutlass_op_list", f"configs_{request_key}.json", data)
+
+        triton_dir = resolved_root / EXPORT_DIR
+        cpp: dict[str, tuple[str, bytes]] = {}
+        for f in repos.artifacts.iter_all():
+            if f.kind == "triton":
+                data = f.data
+                if f.name.startswith(GROUP_PREFIX):
+                    try:
+                        data = relocate_group(data, str(triton_dir / f.key), f.key)
+                    except ValueError:
+                        pass  # not a group file after all: written as stored
+                put("triton_kernel_file", f"{EXPORT_DIR}/{f.key}/{f.name}", data)
+            elif f.kind == "cpp":
+                rel = f"{f.key[1:3]}/{f.name}"
+                if rel not in cpp or f.host_key == prefer_host:
+                    cpp[rel] = (f.host_key, f.data)
+        for rel, (_, data) in sorted(cpp.items()):
+            put("cpp_kernel", rel, data)
     return report

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+import os
 import platform
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -103,3 +106,40 @@ def current() -> Fingerprint:
         cpu_model=cpu_model(),
         isa=str(torch.backends.cpu.get_cpu_capability()),
     )
+
+
+def _cpu_flags() -> str:
+    """The CPU's feature flags (``/proc/cpuinfo``), else ``platform.processor()``."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    return " ".join(sorted(line.split(":", 1)[1].split()))
+    except OSError:
+        pass
+    return platform.processor()
+
+
+@functools.cache
+def cpp_host_key() -> str:
+    """SHA-256 hex digest (64 characters) of what decides whether a C++ kernel library built
+    here loads and runs correctly elsewhere: the C++ compiler and its version
+    (``torch._inductor.cpp_builder.get_cpp_compiler`` / ``get_compiler_version_info``), the
+    CPU's feature flags (the libraries are built with ``-march=native``), the machine, the
+    torch version and the Python version. Computed once per process (runs ``<compiler> -v``)."""
+    try:
+        import torch
+        from torch._inductor.cpp_builder import get_compiler_version_info, get_cpp_compiler
+    except ImportError as exc:
+        raise TorchUnavailableError(f"the C++ host key needs torch: {exc}") from exc
+
+    compiler = get_cpp_compiler()
+    parts = {
+        "compiler": os.path.basename(compiler),
+        "compiler_version": get_compiler_version_info(compiler),
+        "cpu_flags": _cpu_flags(),
+        "machine": platform.machine(),
+        "torch": torch.__version__,
+        "python": f"{sys.version_info[0]}.{sys.version_info[1]}",
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode("utf-8")).hexdigest()

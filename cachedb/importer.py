@@ -9,10 +9,16 @@ cache_dir_utils.py):
 - ``cache/<system hash>``: autotune timings and LocalCache values.
 - every ``*.best_config``: autotune best configs, keyed by their relative path.
 - ``configs_<request key>.json``: CUTLASS op lists.
+- ``triton/<device>/<key>/<file>``: Triton's kernel cache (every file of every key directory,
+  group files included).
+- ``<k[1:3]>/<k>*.so``: C++ kernel libraries (``CppCodeCache``). Their host key
+  (:func:`cachedb.fingerprint.cpp_host_key`) is this machine's when the importer is told the
+  directory was written here (``host_key=``; ``cachedb import --this-machine``), else ``""``:
+  stored and exported, never served to a live compile.
 
-Everything else (generated kernels, ``.so`` files, locks, Triton's cache) is not cachedb's and
-is counted as ignored. A bad file is reported with its path and reason and skipped; the rest
-imports. Re-importing is idempotent.
+Everything else (generated sources, object files, locks) is not cachedb's and is counted as
+ignored. A bad file is reported with its path and reason and skipped; the rest imports.
+Re-importing is idempotent.
 """
 
 from __future__ import annotations
@@ -34,7 +40,10 @@ from .keys import sha256_hash
 from .repositories.timings import next_position
 
 #: Kinds of files, as counted in reports.
-KINDS = ("fxgraph", "aotautograd", "autotune_timings", "local_cache_values", "best_config", "cutlass_op_list")
+KINDS = (
+    "fxgraph", "aotautograd", "autotune_timings", "local_cache_values", "best_config", "cutlass_op_list",
+    "triton_kernel_file", "cpp_kernel",
+)
 
 _SYSTEM_HASH = re.compile(r"[0-9a-f]{64}")
 _CUTLASS_FILE = re.compile(r"configs_([0-9a-zA-Z]+)\.json")
@@ -66,7 +75,7 @@ class ImportReport:
 
 @dataclass(frozen=True, slots=True)
 class _Item:
-    kind: str  # "fxgraph" | "aotautograd" | "cache" | "best_config" | "cutlass"
+    kind: str  # "fxgraph" | "aotautograd" | "cache" | "best_config" | "cutlass" | "triton" | "cpp"
     path: Path
     rel: str
     size: int
@@ -106,7 +115,14 @@ def scan(cache_dir: Path) -> tuple[list[_Item], list[Problem], int]:
             problems.append(Problem(rel, f"cannot stat: {exc}"))
             continue
         top = parts[0]
-        if top == "fxgraph":
+        if top == "triton":
+            # triton/<device>/<key>/<file>; Triton's own temporaries are tmp.pid_* directories.
+            if len(parts) == 4 and not parts[2].startswith("tmp.") and name != "lock":
+                looks_like_cache = True
+                items.append(_Item("triton", path, rel, size))
+            else:
+                ignored += 1
+        elif top == "fxgraph":
             if len(parts) == 4 and parts[2].startswith("f") and parts[2][1:3] == parts[1]:
                 items.append(_Item("fxgraph", path, rel, size))
             else:
@@ -127,12 +143,14 @@ def scan(cache_dir: Path) -> tuple[list[_Item], list[Problem], int]:
         elif len(parts) == 1 and _CUTLASS_FILE.fullmatch(name):
             looks_like_cache = True
             items.append(_Item("cutlass", path, rel, size))
+        elif len(parts) == 2 and name.endswith(".so") and len(name) > 4 and name[1:3] == parts[0]:
+            items.append(_Item("cpp", path, rel, size))
         else:
             ignored += 1
     if not looks_like_cache:
         raise NotAnInductorCacheError(
             f"{cache_dir}: not an Inductor cache directory (no fxgraph/, aotautograd/, cache/, "
-            "*.best_config or configs_*.json)"
+            "triton/, *.best_config or configs_*.json)"
         )
     return items, problems, ignored
 
@@ -168,9 +186,13 @@ class Importer:
     the system description found in their own file.
     """
 
-    def __init__(self, db: CacheDB, *, fingerprint: Fingerprint | None = None) -> None:
+    def __init__(
+        self, db: CacheDB, *, fingerprint: Fingerprint | None = None, host_key: str | None = None
+    ) -> None:
         self.db = db
         self.fingerprint = fingerprint
+        #: the host key C++ libraries are stored under ("" = unknown host: never served)
+        self.host_key = host_key or ""
 
     def run(
         self, cache_dir: str | os.PathLike[str], *, progress: Callable[[int, int], None] | None = None
@@ -203,6 +225,7 @@ class Importer:
         files go one by one, each in a savepoint so a bad one leaves the rest."""
         guarded: list[tuple[_Item, bytes, EntryFields]] = []
         others: list[tuple[_Item, bytes]] = []
+        kernels: dict[tuple[str, str], list[tuple[str, bytes]]] = {}
         for item in batch:
             try:
                 data = item.path.read_bytes()
@@ -215,7 +238,13 @@ class Importer:
             except UnicodeEncodeError:
                 report.problems.append(Problem(item.rel, "file name is not valid UTF-8"))
                 continue
-            if item.kind in ("fxgraph", "aotautograd"):
+            if item.kind == "triton":
+                _, _, key, name = item.rel.split("/")
+                kernels.setdefault(("triton", key), []).append((name, data))
+            elif item.kind == "cpp":
+                name = item.rel.split("/")[-1]
+                kernels.setdefault(("cpp", name.split(".", 1)[0]), []).append((name, data))
+            elif item.kind in ("fxgraph", "aotautograd"):
                 checked = _check_guarded(item, data)
                 if isinstance(checked, Problem):
                     report.problems.append(checked)
@@ -229,6 +258,12 @@ class Importer:
                 entries = [(i.kind, i.rel.split("/")[-2], data, fields) for i, data, fields in guarded]
                 for (item, _, _), added in zip(guarded, repos.guarded.put_many_pickled(entries, fingerprint_id=fp_id)):
                     (report.added if added else report.unchanged)[item.kind] += 1
+            for (kind, key), files in kernels.items():
+                label = "triton_kernel_file" if kind == "triton" else "cpp_kernel"
+                host = self.host_key if kind == "cpp" else ""
+                added = repos.artifacts.put_files(kind, key, files, host_key=host, fingerprint_id=fp_id)
+                report.added[label] += added
+                report.unchanged[label] += len(files) - added
             for item, data in others:
                 try:
                     with repos.session.begin_nested():

@@ -7,6 +7,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from .repositories.artifacts import KernelArtifactRepository
 from .models import (
     AutotuneTiming,
     BestConfig,
@@ -32,7 +33,9 @@ def _label(session: Session) -> dict[int | None, str]:
 def collect(session: Session) -> list[dict[str, Any]]:
     """Rows of ``kind, fingerprint, entries, bytes, stored_bytes``: ``bytes`` is the
     uncompressed size of payloads (or of the JSON for timings, values and configs) and
-    ``stored_bytes`` what the database holds for them (compressed payloads)."""
+    ``stored_bytes`` what the database holds for them (compressed payloads). Kernel rows
+    (``triton_kernel``, ``cpp_kernel``) count key directories; their ``bytes`` are the files'
+    sizes and ``stored_bytes`` the compressed distinct blobs they use."""
     labels = _label(session)
     rows: list[dict[str, Any]] = []
 
@@ -74,4 +77,8 @@ def collect(session: Session) -> list[dict[str, Any]]:
     n_ops = session.execute(select(func.count()).select_from(CutlassOp)).scalar_one()
     if n_ops:
         add("cutlass_op", None, n_ops, None, None)
+    # Kernel artifacts: entries = key directories; stored_bytes = their distinct blobs (a blob
+    # shared by both kinds counts in each).
+    for row in KernelArtifactRepository(session).totals():
+        add(f"{row['kind']}_kernel", None, row["keys"], row["size_bytes"], row["stored_bytes"])
     return rows

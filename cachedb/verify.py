@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.exc import DatabaseError
 
 from ._errors import CorruptPayloadError
 from .db import CacheDB
-from .models import CutlassOpList, GuardedEntry, QuarantinedEntry
+from .models import CutlassOpList, GuardedEntry, KernelBlob, QuarantinedEntry
 
 
 def verify(db: CacheDB, *, quarantine: bool = True) -> tuple[list[dict[str, Any]], int]:
@@ -28,7 +28,8 @@ def _verify(db: CacheDB, *, quarantine: bool = True) -> tuple[list[dict[str, Any
     Problems are rows ``{what, where, problem}``: the SQLite integrity check's complaints,
     every guarded payload that fails decompression, its SHA-256 checksum or (with
     ``CACHEDB_HMAC_KEY`` set) its signature — moved to ``quarantined_entries`` when
-    ``quarantine`` is true — every corrupt CUTLASS op list, and every entry already in
+    ``quarantine`` is true — every kernel blob whose bytes fail their SHA-256 (quarantined with
+    every key directory that uses it), every corrupt CUTLASS op list, and every entry already in
     quarantine (``what`` = ``quarantined <kind>``).
     """
     problems: list[dict[str, Any]] = []
@@ -58,12 +59,19 @@ def _verify(db: CacheDB, *, quarantine: bool = True) -> tuple[list[dict[str, Any
                 repos.cutlass.get(key)
             except CorruptPayloadError as exc:
                 problems.append({"what": "cutlass_op_list", "where": f"configs_{key}.json", "problem": exc.reason})
+        bad_blobs = list(repos.artifacts.check_blobs())
+        checked += repos.session.execute(select(func.count()).select_from(KernelBlob)).scalar_one()
     for kind, key, variant, reason in corrupt:
         problems.append({"what": kind, "where": f"{kind}/{key}/{variant}", "problem": reason})
-    if quarantine and corrupt:
+    for digest, reason in bad_blobs:
+        problems.append({"what": "kernel_blob", "where": f"kernel blob {digest}", "problem": reason})
+    if quarantine and (corrupt or bad_blobs):
         with db.transaction() as repos:
             for kind, key, variant, reason in corrupt:
                 repos.guarded.quarantine(kind, key, variant, reason)
+            for digest, reason in bad_blobs:
+                repos.artifacts.quarantine_blob(digest, reason)
+        corrupt += [("kernel_blob", digest, "", reason) for digest, reason in bad_blobs]
     q = QuarantinedEntry.__table__
     with db.read() as repos:
         for kind, key, variant, reason, when in repos.session.execute(

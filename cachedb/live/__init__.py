@@ -12,6 +12,7 @@ Four ways to turn it on (all equivalent):
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import threading
@@ -125,9 +126,38 @@ def install(
             else:
                 os.environ.pop(key, None)
         _active = (store, patches, previous)
+        _register_exit()
         store.safely("opening the database", None, lambda: store.db)
         log.info("cachedb: serving Inductor caches from %s (pid %d)", location, os.getpid())
         return store
+
+
+_exit_registered = False
+
+
+def _close_at_exit() -> None:
+    """Close the active store when the process exits: pending hit counts are written and
+    the last connection's close checkpoints SQLite's write-ahead log into the ``.db`` file,
+    so the file alone holds everything (it is what users copy to other machines)."""
+    if _active is None:
+        return
+    store = _active[0]
+    store.flush_hits()
+    db = store._db
+    if db is not None and db.path is not None:
+        try:
+            with db.engine.connect() as conn:
+                conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+        except Exception as exc:  # busy or unreadable: the WAL stays beside the file
+            log.debug("cachedb: WAL checkpoint at exit failed: %s", exc)
+    store.close()
+
+
+def _register_exit() -> None:
+    global _exit_registered
+    if not _exit_registered:
+        _exit_registered = True
+        atexit.register(_close_at_exit)
 
 
 def _setup_trace_log() -> None:

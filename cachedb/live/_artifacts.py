@@ -242,5 +242,6 @@ def current() -> KernelArtifacts | None:
             if _standalone is None or _standalone.location != location:
                 timeout = float(os.environ.get(ENV_TIMEOUT) or DEFAULT_LIVE_TIMEOUT_S)
                 _standalone = LiveStore(location, timeout_s=timeout)
+                atexit.register(_standalone.close)
             store = _standalone
     return for_store(store)

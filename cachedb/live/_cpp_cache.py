@@ -16,60 +16,23 @@ file exists; ``VecISA.check_build`` (torch/_inductor/cpu_vec_isa.py) builds its 
   is stored.
 
 The command line says ``-march=native`` and not the compiler's version, so a library is stored
-and found under a :func:`host_key` as well: binaries never cross to a host whose CPU flags,
+and found under a host key as well (:func:`cachedb.fingerprint.cpp_host_key`): binaries never cross to a host whose CPU flags,
 compiler, machine, torch or Python differ.
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
-import json
 import logging
 import os
-import platform
-import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..fingerprint import cpp_host_key as host_key
 from . import _artifacts
 
 log = logging.getLogger("cachedb.live")
 KIND = "cpp"
-
-
-def _cpu_flags() -> str:
-    """The CPU's feature flags (``/proc/cpuinfo``), else ``platform.processor()``."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.startswith(("flags", "Features")):
-                    return " ".join(sorted(line.split(":", 1)[1].split()))
-    except OSError:
-        pass
-    return platform.processor()
-
-
-@functools.cache
-def host_key() -> str:
-    """SHA-256 hex digest (64 characters) of what decides whether a C++ kernel library built
-    here loads and runs correctly elsewhere: the C++ compiler and its version
-    (``torch._inductor.cpp_builder.get_cpp_compiler`` / ``get_compiler_version_info``), the
-    CPU's feature flags (the libraries are built with ``-march=native``), the machine, the
-    torch version and the Python version. Computed once per process (runs ``<compiler> -v``)."""
-    import torch
-    from torch._inductor.cpp_builder import get_compiler_version_info, get_cpp_compiler
-
-    compiler = get_cpp_compiler()
-    parts = {
-        "compiler": os.path.basename(compiler),
-        "compiler_version": get_compiler_version_info(compiler),
-        "cpu_flags": _cpu_flags(),
-        "machine": platform.machine(),
-        "torch": torch.__version__,
-        "python": f"{sys.version_info[0]}.{sys.version_info[1]}",
-    }
-    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode("utf-8")).hexdigest()
 
 
 def split_library_path(path: str) -> tuple[str, str, str] | None:

@@ -23,13 +23,13 @@ same files.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from typing import Any
 
 from triton.runtime.cache import FileCacheManager
 
+from .._triton_layout import GROUP_PREFIX, relocate_group
 from . import _artifacts
 
 log = logging.getLogger("cachedb.live")
@@ -37,25 +37,6 @@ log = logging.getLogger("cachedb.live")
 #: The value of ``TRITON_CACHE_MANAGER`` that selects this manager.
 MANAGER_SPEC = "cachedb.live._triton_cache:CacheDBTritonCacheManager"
 KIND = "triton"
-GROUP_PREFIX = "__grp__"
-
-
-def relocate_group(data: bytes, directory: str, key: str) -> bytes:
-    """A group file's bytes with the child paths that point into a directory named ``key``
-    (on whatever machine wrote them) pointing into ``directory`` instead; other paths are kept.
-    The JSON is written as ``FileCacheManager.put_group`` writes it (``json.dumps``), so a
-    group already pointing at ``directory`` comes back byte-identical.
-    Raises ``ValueError`` for bytes that are not a group file."""
-    group = json.loads(data)
-    if not isinstance(group, dict) or not isinstance(group.get("child_paths"), dict):
-        raise ValueError("not a Triton group file: no child_paths object")
-    children = {}
-    for child, path in group["child_paths"].items():
-        if isinstance(path, str) and os.path.basename(os.path.dirname(path)) == key:
-            path = os.path.join(directory, os.path.basename(path))
-        children[child] = path
-    relocated = json.dumps({**group, "child_paths": children}).encode("utf-8")
-    return data if relocated == data else relocated
 
 
 class CacheDBTritonCacheManager(FileCacheManager):  # type: ignore[misc]

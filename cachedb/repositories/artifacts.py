@@ -132,7 +132,7 @@ class KernelArtifactRepository:
         digests = {name: hashlib.sha256(data).digest() for name, data in files}
         stored = {name: blob_id for name, blob_id in self.session.execute(
             _KEY_ROWS, {"kind": kind, "host_key": host_key, "key": key}
-        ).tuples()}
+        )}
         packed: dict[str, tuple[bytes, int]] = {}
         for name, data in files:
             hexdigest = digests[name].hex()
@@ -266,7 +266,7 @@ class KernelArtifactRepository:
         removed, freed_blobs = 0, set()
         for kind, host, key in owners:
             freed_blobs.update(b for _, b in self.session.execute(
-                _KEY_ROWS, {"kind": kind, "host_key": host, "key": key}).tuples())
+                _KEY_ROWS, {"kind": kind, "host_key": host, "key": key}))
             removed += self.session.execute(
                 delete(_A).where(_A.c.kind == kind, _A.c.host_key == host, _A.c.key == key)
             ).rowcount or 0
@@ -309,7 +309,7 @@ class KernelArtifactRepository:
                 if (kind, host, key) in chosen:
                     continue
                 blob_ids = [b for _, b in self.session.execute(
-                    _KEY_ROWS, {"kind": kind, "host_key": host, "key": key}).tuples()]
+                    _KEY_ROWS, {"kind": kind, "host_key": host, "key": key})]
                 files += self.session.execute(
                     delete(_A).where(_A.c.kind == kind, _A.c.host_key == host, _A.c.key == key)
                 ).rowcount or 0
