@@ -14,7 +14,14 @@ from sqlalchemy.exc import ArgumentError, DatabaseError, OperationalError
 from sqlalchemy.orm import Session
 
 from . import _migrate
-from ._engine import WRITE_OPTION, create_cachedb_engine, default_location, sqlite_path, to_url
+from ._engine import (
+    WRITE_OPTION,
+    KeptConnection,
+    create_cachedb_engine,
+    default_location,
+    sqlite_path,
+    to_url,
+)
 from ._errors import DatabaseOpenError, NotADatabaseError
 from ._signing import Signer
 from .repositories import (
@@ -23,7 +30,6 @@ from .repositories import (
     CutlassOpListRepository,
     FingerprintRepository,
     GuardedEntryRepository,
-    KernelArtifactRepository,
     LocalCacheValueRepository,
 )
 
@@ -58,10 +64,6 @@ class Repos:
     @property
     def cutlass(self) -> CutlassOpListRepository:
         return CutlassOpListRepository(self.session)
-
-    @property
-    def artifacts(self) -> KernelArtifactRepository:
-        return KernelArtifactRepository(self.session)
 
 
 class CacheDB:
@@ -112,6 +114,8 @@ class CacheDB:
         except BaseException:
             self.engine.dispose()
             raise
+        #: The connection kept for hot-path reads (:meth:`lookup`, the live backend's reads).
+        self.kept = KeptConnection(self.engine)
 
     # -- schema ---------------------------------------------------------------------------
 
@@ -147,6 +151,17 @@ class CacheDB:
                     session.flush()
 
     @contextmanager
+    def write(self) -> Iterator[Repos]:
+        """A write transaction for hot paths: like :meth:`transaction` (``BEGIN IMMEDIATE`` on
+        SQLite, commit on success, rollback on any exception) but the repositories run their
+        Core statements on a plain :class:`~sqlalchemy.Connection`, with no ORM
+        :class:`Session` (only methods that execute statements work: the puts and records).
+        ``BEGIN IMMEDIATE`` comes first thing in the block: compute before entering it."""
+        with self.engine.connect().execution_options(**{WRITE_OPTION: True}) as conn:
+            with conn.begin():
+                yield Repos(conn, self.signer)  # type: ignore[arg-type]
+
+    @contextmanager
     def read(self) -> Iterator[Repos]:
         """A read-only transaction: one consistent snapshot; always rolled back."""
         with self.engine.connect() as conn:
@@ -159,13 +174,25 @@ class CacheDB:
     def lookup(self) -> Iterator[Repos]:
         """A read-only snapshot for hot paths: the repositories run their prebuilt Core
         statements on a plain :class:`~sqlalchemy.Connection` (no ORM :class:`Session`).
-        Only repository methods that execute statements work here (all lookups do)."""
+        Only repository methods that execute statements work here (all lookups do).
+
+        The connection is the one kept for this process (:class:`~cachedb._engine.KeptConnection`:
+        no pool checkout), with ``BEGIN`` ... ``ROLLBACK`` around the block so that the
+        snapshot ends with it; a nested block or another thread's gets a pooled connection.
+        """
+        with self.kept.acquire() as kept:
+            if kept is not None:
+                with kept.begin() as txn:
+                    yield Repos(kept, self.signer)  # type: ignore[arg-type]
+                    txn.rollback()
+                return
         with self.engine.connect() as conn:
             with conn.begin() as txn:
                 yield Repos(conn, self.signer)  # type: ignore[arg-type]
                 txn.rollback()
 
     def close(self) -> None:
+        self.kept.close()
         self.engine.dispose()
 
     def __enter__(self) -> CacheDB:

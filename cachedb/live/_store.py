@@ -20,10 +20,14 @@ from .. import _local_cache_doc as doc
 from .._errors import CorruptPayloadError
 from .._trust import untrusted_reason
 from ..db import CacheDB, Repos
-from ..models import utcnow
 from ..fingerprint import current as current_fingerprint
-from ..repositories.local_values import current_for_namespace
-from ..repositories.timings import current_for_op, next_position
+from ..keys import split_inputs_key
+from ..models import utcnow
+from ..repositories import best_configs as best_configs_repo
+from ..repositories import guarded as guarded_repo
+from ..repositories import local_values as local_values_repo
+from ..repositories import timings as timings_repo
+from ..repositories.timings import next_position
 
 log = logging.getLogger("cachedb.live")
 T = TypeVar("T")
@@ -104,6 +108,11 @@ class LiveStore:
             self.warn_once(what, exc)
             return default
 
+    def _known_fingerprint_id(self) -> int | None:
+        """This process's fingerprint id if already recorded (no database access)."""
+        fp = self._fingerprint
+        return fp[1] if fp is not None and fp[0] == os.getpid() else None
+
     def _fingerprint_id(self, repos: Repos) -> int:
         """This process's fingerprint, recorded once per process."""
         pid = os.getpid()
@@ -124,13 +133,16 @@ class LiveStore:
             db = self.db
             if self.pickles_refused is not None:
                 return []
-            with db.lookup() as repos:
-                for variant, load in repos.guarded.raw_candidates(kind, key):
-                    try:
-                        out.append((variant, load()))
-                    except CorruptPayloadError as exc:
-                        self.warn_once(f"{kind} payload check", exc)
-                        corrupt.append((variant, exc.reason))
+            rows = db.kept.fetch(guarded_repo.VARIANTS, {"kind": kind, "key": key})
+            rows.sort(key=lambda row: row[0])
+            for variant, blob, size, digest, signature in rows:
+                try:
+                    out.append(
+                        (variant, guarded_repo.load_variant(db.signer, kind, key, variant, blob, size, digest, signature))
+                    )
+                except CorruptPayloadError as exc:
+                    self.warn_once(f"{kind} payload check", exc)
+                    corrupt.append((variant, exc.reason))
             if corrupt:
                 self._quarantine(kind, key, corrupt)
             return out
@@ -184,9 +196,20 @@ class LiveStore:
 
     def guarded_put(self, kind: str, key: str, content: bytes) -> None:
         def write() -> None:
-            with self.db.transaction() as repos:
-                repos.guarded.put_pickled(kind, key, content, fingerprint_id=self._fingerprint_id(repos))
-                self._take_hits(repos)
+            db = self.db
+            fp_id = self._known_fingerprint_id()
+            # Hash (once), scan, compress and sign before BEGIN IMMEDIATE: the write lock is
+            # held only for the existence check and the INSERT.
+            prepared = guarded_repo.prepare_pickled(kind, key, content, signer=db.signer, fingerprint_id=fp_id)
+            if fp_id is None:  # first write of this process: records its fingerprint (ORM)
+                with db.transaction() as repos:
+                    prepared.row["fingerprint_id"] = self._fingerprint_id(repos)
+                    repos.guarded.put_prepared(prepared)
+                    self._take_hits(repos)
+            else:
+                with db.write() as repos:
+                    repos.guarded.put_prepared(prepared)
+                    self._take_hits(repos)
             log.debug("%s write %s", kind, key)
 
         self.safely(f"{kind} write", None, write)
@@ -197,33 +220,68 @@ class LiveStore:
         return LazyLocalCache(self, system_hash)
 
     def load_top_level(self, system_hash: str, key: str) -> tuple[bool, Any]:
-        """``(found, value)`` of ``cache[key]`` for ``system_hash`` (timings or a value)."""
+        """``(found, value)`` of ``cache[key]`` for ``system_hash``: a :class:`LazyOpTimings`
+        when ``key`` is an op with timings (its entries load one inputs key at a time), else
+        the ``LocalCache`` value stored under that namespace."""
 
         def read() -> tuple[bool, Any]:
-            with self.db.lookup() as repos:
-                fp_ids = repos.fingerprints.ids_for_system_hash(system_hash)
-                if not fp_ids:
-                    return False, None
-                timings = current_for_op(repos.session, fp_ids, key)
-                if timings:
-                    return True, timings
-                return current_for_namespace(repos.session, fp_ids, key)
+            kept = self.db.kept
+            params = {"system_hash": system_hash, "op": key}
+            if kept.fetch(timings_repo.OP_EXISTS, params):
+                return True, LazyOpTimings(self, system_hash, key)
+            rows = kept.fetch(local_values_repo.FOR_NAMESPACE_OF_SYSTEM, {"system_hash": system_hash, "ns": key})
+            return local_values_repo.namespace_value(rows, key)
 
         found = self.safely("autotune/LocalCache lookup", (False, None), read)
         log.debug("local cache lookup %s (system %s): %s", key, system_hash[:8], "hit" if found[0] else "miss")
         return found
 
+    def load_inputs_key(self, system_hash: str, op: str, inputs_key: str) -> dict[str, dict[str, float]] | None:
+        """``cache[op][inputs_key]`` (``{precision: {choice_hash: ms}}``), ``None`` if absent:
+        one indexed query for what ``PersistentCache.lookup`` asks."""
+
+        def read() -> dict[str, dict[str, float]] | None:
+            inputs, hint = split_inputs_key(inputs_key)
+            stmt, params = timings_repo.inputs_key_params(system_hash, op, inputs, hint)
+            return timings_repo.per_precision(self.db.kept.fetch(stmt, params)) or None
+
+        found = self.safely("autotune/LocalCache lookup", None, read)
+        log.debug("timings lookup %s %s: %s", op, inputs_key[:40], "hit" if found is not None else "miss")
+        return found
+
+    def load_op(self, system_hash: str, op: str) -> dict[str, dict[str, dict[str, float]]]:
+        """Every ``cache[op][inputs_key]`` of ``op`` (for callers that iterate an op's entries)."""
+
+        def read() -> dict[str, dict[str, dict[str, float]]]:
+            rows = self.db.kept.fetch(timings_repo.FOR_OP_OF_SYSTEM, {"system_hash": system_hash, "op": op})
+            return timings_repo.per_inputs_key(rows)
+
+        return self.safely("autotune/LocalCache lookup", {}, read)
+
     def write_changes(self, cache: dict[str, Any], served: dict[str, Any]) -> None:
         """Write the leaves of ``cache`` that differ from what was ``served``: new timings
         become new rows (history), other values are upserted. Leaves another process wrote in
-        the meantime are untouched, so no process loses another's updates."""
+        the meantime are untouched, so no process loses another's updates. An op loaded as a
+        :class:`LazyOpTimings` is compared only on the inputs keys that were read or set."""
 
         def write() -> None:
-            changed = {k: v for k, v in cache.items() if k not in served or served[k] != v}
+            changed: dict[str, Any] = {}
+            before: dict[str, Any] = {}
+            for k, v in dict.items(cache) if isinstance(cache, dict) else cache.items():
+                if isinstance(v, LazyOpTimings):
+                    now_part, served_part = v.changes()
+                    if now_part:
+                        changed[k] = now_part
+                        if served_part:
+                            before[k] = served_part
+                elif k not in served or served[k] != v:
+                    changed[k] = v
+                    if k in served:
+                        before[k] = served[k]
             if not changed:
                 return
             new_t, new_v = doc.split_cache(changed)
-            old_t, old_v = doc.split_cache({k: served[k] for k in changed if k in served})
+            old_t, old_v = doc.split_cache(before)
             old_timings = {(t.op, t.inputs, t.hint_override, t.precision, t.choice_hash): t.timing_ms for t in old_t}
             old_values = {v.key_path: v.value for v in old_v}
             timings = [
@@ -234,15 +292,17 @@ class LiveStore:
             if not timings and not values:
                 return
             log.debug("local cache write: %d timing(s), %d value(s)", len(timings), len(values))
-            with self.db.transaction() as repos:
-                fp_id = self._fingerprint_id(repos)
-                start = next_position(repos.session)
-                groups: dict[tuple[str, str, int | None, str], dict[str, float]] = {}
-                for t in timings:
-                    groups.setdefault((t.op, t.inputs, t.hint_override, t.precision), {})[t.choice_hash] = t.timing_ms
+            groups: dict[tuple[str, str, int | None, str], dict[str, float]] = {}
+            for t in timings:
+                groups.setdefault((t.op, t.inputs, t.hint_override, t.precision), {})[t.choice_hash] = t.timing_ms
+            db = self.db
+            known = self._known_fingerprint_id()
+            with db.transaction() if known is None else db.write() as repos:
+                fp_id = known if known is not None else self._fingerprint_id(repos)
                 for (op, inputs, hint, precision), per_choice in groups.items():
                     repos.timings.record(fp_id, op, inputs, precision, per_choice, hint_override=hint)
                 if values:
+                    start = next_position(repos.session)
                     repos.local_values.add_leaves(
                         fp_id, [doc.ValueLeaf(v.key_path, v.value, start + i) for i, v in enumerate(values)]
                     )
@@ -253,9 +313,12 @@ class LiveStore:
 
     def best_config_get(self, key: str) -> bytes | None:
         def read() -> bytes | None:
-            with self.db.lookup() as repos:
-                content = repos.best_configs.get(key)
-            return None if content is None else content.encode("utf-8")
+            db = self.db
+            rows = db.kept.fetch(best_configs_repo.GET_BY_KEY, {"key": key})
+            if not rows:
+                return None
+            content, signature = rows[0]
+            return best_configs_repo.checked_content(db.signer, key, content, signature).encode("utf-8")
 
         found = self.safely("best config lookup", None, read)
         log.debug("best config lookup %s: %s", key, "hit" if found is not None else "miss")
@@ -263,8 +326,16 @@ class LiveStore:
 
     def best_config_put(self, key: str, data: bytes) -> None:
         def write() -> None:
-            with self.db.transaction() as repos:
-                repos.best_configs.put(key, data.decode("utf-8"), fingerprint_id=self._fingerprint_id(repos))
+            db = self.db
+            content = data.decode("utf-8")
+            columns = best_configs_repo.prepare_columns(db.signer, key, content)  # before BEGIN IMMEDIATE
+            fp_id = self._known_fingerprint_id()
+            if fp_id is None:  # first write of this process: records its fingerprint (ORM)
+                with db.transaction() as repos:
+                    repos.best_configs.put(key, content, fingerprint_id=self._fingerprint_id(repos), columns=columns)
+            else:
+                with db.write() as repos:
+                    repos.best_configs.put(key, content, fingerprint_id=fp_id, columns=columns)
             log.debug("best config write %s", key)
 
         self.safely("best config write", None, write)
@@ -302,7 +373,7 @@ class LazyLocalCache(dict):  # type: ignore[type-arg]
         found, value = self._store.load_top_level(self._system_hash, key)
         if found:
             dict.__setitem__(self, key, value)
-            self.served[key] = copy.deepcopy(value)
+            self.served[key] = value if isinstance(value, LazyOpTimings) else copy.deepcopy(value)
 
     def __contains__(self, key: object) -> bool:
         self._ensure(key)
@@ -330,4 +401,150 @@ class LazyLocalCache(dict):  # type: ignore[type-arg]
 
     def mark_written(self) -> None:
         """After a write: what is in memory now is what the database holds for these keys."""
-        self.served = {k: copy.deepcopy(v) for k, v in dict.items(self)}
+        served: dict[str, Any] = {}
+        for k, v in dict.items(self):
+            if isinstance(v, LazyOpTimings):
+                v.mark_written()
+                served[k] = v
+            else:
+                served[k] = copy.deepcopy(v)
+        self.served = served
+
+
+class LazyOpTimings(dict):  # type: ignore[type-arg]
+    """``cache[op]`` of an op with stored timings, loaded one inputs key at a time.
+
+    ``PersistentCache.lookup`` reads ``cache.get(op, {}).get(inputs_key, {}).get(precision,
+    {})`` and writes ``cache[op].setdefault(inputs_key, {})...``: each inputs key it names costs
+    one indexed query (:meth:`LiveStore.load_inputs_key`), never a read of the op's other
+    timings. Whatever iterates the whole op (``len``, ``items``, ``==``, ...) loads it whole
+    first, so the dict behaves like the document's. :meth:`changes` gives what differs from
+    what was served, for :meth:`LiveStore.write_changes`.
+    """
+
+    def __init__(self, store: LiveStore, system_hash: str, op: str) -> None:
+        super().__init__()
+        self._store = store
+        self._system_hash = system_hash
+        self._op = op
+        self._loaded: set[str] = set()
+        self._complete = False
+        self._served: dict[str, Any] = {}
+
+    def _put_loaded(self, key: str, value: dict[str, dict[str, float]]) -> None:
+        if not dict.__contains__(self, key):
+            dict.__setitem__(self, key, value)
+            self._served[key] = copy.deepcopy(value)
+
+    def _ensure(self, key: Any) -> None:
+        if self._complete or not isinstance(key, str) or key in self._loaded:
+            return
+        self._loaded.add(key)
+        value = self._store.load_inputs_key(self._system_hash, self._op, key)
+        if value is not None:
+            self._put_loaded(key, value)
+
+    def _load_all(self) -> None:
+        if self._complete:
+            return
+        self._complete = True
+        stored = self._store.load_op(self._system_hash, self._op)
+        held = dict(dict.items(self))
+        dict.clear(self)
+        for key, value in stored.items():  # document order, what this dict holds winning
+            if key in held:
+                dict.__setitem__(self, key, held.pop(key))
+            elif key not in self._loaded:
+                self._put_loaded(key, value)
+        for key, value in held.items():  # set here, not stored yet
+            dict.__setitem__(self, key, value)
+        self._loaded.update(stored)
+
+    # point access: one inputs key
+    def __contains__(self, key: object) -> bool:
+        self._ensure(key)
+        return dict.__contains__(self, key)
+
+    def __getitem__(self, key: str) -> Any:
+        self._ensure(key)
+        return dict.__getitem__(self, key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self._ensure(key)
+        return dict.get(self, key, default)
+
+    def setdefault(self, key: str, default: Any = None) -> Any:
+        self._ensure(key)
+        return dict.setdefault(self, key, default)
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self._ensure(key)
+        dict.__setitem__(self, key, value)
+
+    def pop(self, key: str, *default: Any) -> Any:
+        self._ensure(key)
+        return dict.pop(self, key, *default)
+
+    def __delitem__(self, key: str) -> None:
+        self._ensure(key)
+        dict.__delitem__(self, key)
+
+    # whole-op access: load everything first
+    def __iter__(self) -> Iterator[str]:
+        self._load_all()
+        return dict.__iter__(self)
+
+    def __len__(self) -> int:
+        self._load_all()
+        return dict.__len__(self)
+
+    def keys(self) -> Any:
+        self._load_all()
+        return dict.keys(self)
+
+    def values(self) -> Any:
+        self._load_all()
+        return dict.values(self)
+
+    def items(self) -> Any:
+        self._load_all()
+        return dict.items(self)
+
+    def copy(self) -> dict[str, Any]:
+        self._load_all()
+        return dict(dict.items(self))
+
+    def __eq__(self, other: object) -> bool:
+        self._load_all()
+        if isinstance(other, LazyOpTimings):
+            other._load_all()
+        return dict.__eq__(self, other)
+
+    def __ne__(self, other: object) -> bool:
+        return not self.__eq__(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        self._load_all()
+        return dict.__repr__(self)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> dict[str, Any]:
+        self._load_all()
+        return copy.deepcopy(dict(dict.items(self)), memo)
+
+    def __reduce__(self) -> Any:  # pickles (and copies) as the plain dict it stands for
+        self._load_all()
+        return (dict, (dict(dict.items(self)),))
+
+    def changes(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """``(now, before)``: the inputs keys whose value differs from what was served (as they
+        are now) and what was served for those of them that were served. Touches no database."""
+        served = self._served
+        now = {k: v for k, v in dict.items(self) if k not in served or served[k] != v}
+        before = {k: served[k] for k in now if k in served}
+        return now, before
+
+    def mark_written(self) -> None:
+        """After a write: what is in memory now is what the database holds for these keys."""
+        self._served = {k: copy.deepcopy(v) for k, v in dict.items(self)}

@@ -11,12 +11,15 @@ from sqlalchemy import bindparam, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from .._engine import holds_write_lock
 from .._errors import BadInputError, CorruptPayloadError
 from .._signing import Signer
 from ..models import BestConfig, utcnow
 
 _B = BestConfig.__table__
-_GET = select(_B.c.content, _B.c.signature).where(_B.c.key == bindparam("key"))
+#: Hot path: ``(content, signature)`` of one best config. Binds: ``key``.
+GET_BY_KEY = select(_B.c.content, _B.c.signature).where(_B.c.key == bindparam("key"))
+_GET = GET_BY_KEY
 _ROW = select(_B.c.id, _B.c.content).where(_B.c.key == bindparam("key"))
 _INSERT = insert(_B)
 
@@ -66,6 +69,35 @@ def extract_columns(content: str, *, where: str) -> dict[str, Any]:
     }
 
 
+def prepare_columns(signer: Signer | None, key: str, content: str) -> dict[str, Any]:
+    """The columns of a best config but its key, content and timestamps (extracted fields and
+    signature), checked and computed without touching the database, so that a caller can do
+    it before its write transaction. Raises :class:`~cachedb.BadInputError` for a key that is
+    not a relative path inside the cache directory ending in ``.best_config``, or content that
+    is not a JSON object."""
+    parts = key.split("/")
+    if (
+        not key.endswith(".best_config")
+        or key.startswith("/")
+        or "\\" in key
+        or any(p in ("", ".", "..") for p in parts)
+    ):
+        raise BadInputError(key, "a best config key must be a relative path such as '<k[1:3]>/<name>.best_config'")
+    columns = extract_columns(content, where=key)
+    columns["signature"] = signer.best_config(key, content) if signer else None
+    return columns
+
+
+def checked_content(signer: Signer | None, key: str, content: str, signature: str | None) -> str:
+    """``content`` of the best config at ``key``, after its signature is checked when ``signer``
+    is set. Raises :class:`~cachedb.CorruptPayloadError` when it does not verify."""
+    if signer is not None and not signer.verify(
+        signature, "best_config", key, hashlib.sha256(content.encode("utf-8")).hexdigest()
+    ):
+        raise CorruptPayloadError(key, "signature does not verify under CACHEDB_HMAC_KEY")
+    return content
+
+
 class BestConfigRepository:
     """Best configs. With a :class:`~cachedb._signing.Signer`, writes are signed and reads
     refuse configs whose signature does not verify."""
@@ -75,37 +107,30 @@ class BestConfigRepository:
         self.signer = signer
 
     def _check(self, key: str, content: str, signature: str | None) -> str:
-        if self.signer is not None and not self.signer.verify(
-            signature, "best_config", key, hashlib.sha256(content.encode("utf-8")).hexdigest()
-        ):
-            raise CorruptPayloadError(key, "signature does not verify under CACHEDB_HMAC_KEY")
-        return content
+        return checked_content(self.signer, key, content, signature)
 
-    def put(self, key: str, content: str, *, fingerprint_id: int | None = None) -> bool:
+    def put(
+        self, key: str, content: str, *, fingerprint_id: int | None = None, columns: dict[str, Any] | None = None
+    ) -> bool:
         """Store (or replace) the best config at ``key`` (``"<k[1:3]>/<name>.best_config"``).
         Returns False if the same content was already stored. Raises
         :class:`~cachedb.BadInputError` for a key that is not a relative path inside the
-        cache directory ending in ``.best_config``, or content that is not a JSON object."""
-        parts = key.split("/")
-        if (
-            not key.endswith(".best_config")
-            or key.startswith("/")
-            or "\\" in key
-            or any(p in ("", ".", "..") for p in parts)
-        ):
-            raise BadInputError(key, "a best config key must be a relative path such as '<k[1:3]>/<name>.best_config'")
-        columns = extract_columns(content, where=key)
-        columns["signature"] = self.signer.best_config(key, content) if self.signer else None
+        cache directory ending in ``.best_config``, or content that is not a JSON object.
+        ``columns``: :func:`prepare_columns` of this key and content, computed before the write
+        transaction (by default computed here)."""
+        if columns is None:
+            columns = prepare_columns(self.signer, key, content)
         found = self.session.execute(_ROW, {"key": key}).first()
         now = utcnow()
         if found is None:
+            row = {"key": key, "content": content, "fingerprint_id": fingerprint_id,
+                   "created_at": now, "updated_at": now, **columns}
+            if holds_write_lock(self.session):  # no other writer can insert the key meanwhile
+                self.session.execute(_INSERT, row)
+                return True
             try:
                 with self.session.begin_nested():  # another writer may insert the key first
-                    self.session.execute(
-                        _INSERT,
-                        {"key": key, "content": content, "fingerprint_id": fingerprint_id,
-                         "created_at": now, "updated_at": now, **columns},
-                    )
+                    self.session.execute(_INSERT, row)
                 return True
             except IntegrityError:
                 found = self.session.execute(_ROW, {"key": key}).first()

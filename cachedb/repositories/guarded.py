@@ -15,6 +15,7 @@ import datetime as dt
 from sqlalchemy import delete
 from sqlalchemy.exc import IntegrityError
 
+from .._engine import holds_write_lock
 from .._errors import CorruptPayloadError
 from .._payload import pack, unpack
 from .._pickle_scan import EntryFields, read_entry_fields
@@ -24,8 +25,9 @@ from ..models import GUARDED_KINDS, GuardedEntry, QuarantinedEntry, utcnow
 
 _G = GuardedEntry.__table__
 
-# Hot path: every variant of one key, in Inductor's order (sorted file names).
-_VARIANTS = (
+#: Hot path: ``(variant, payload, size_bytes, checksum, signature)`` of every variant of one
+#: key, in Inductor's order (sorted file names). Binds: ``kind``, ``key``.
+VARIANTS = _VARIANTS = (
     select(_G.c.variant, _G.c.payload, _G.c.size_bytes, _G.c.checksum, _G.c.signature)
     .where(_G.c.kind == bindparam("kind"), _G.c.key == bindparam("key"))
     .order_by(_G.c.variant)
@@ -55,6 +57,63 @@ class StoredVariant:
 def _check_kind(kind: str) -> None:
     if kind not in GUARDED_KINDS:
         raise ValueError(f"unknown guarded entry kind {kind!r}; expected one of {GUARDED_KINDS}")
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedVariant:
+    """A variant ready to insert: everything computed outside the write transaction (one
+    SHA-256 of the payload for both its name and its checksum, the pickle scan, the zstd
+    frame, the signature), so that ``BEGIN IMMEDIATE`` holds the write lock only for the
+    INSERT. ``row`` holds the column values but the timestamps."""
+
+    kind: str
+    key: str
+    variant: str
+    row: dict[str, object]
+
+
+def prepare_pickled(
+    kind: str,
+    key: str,
+    payload: bytes,
+    *,
+    signer: Signer | None = None,
+    fingerprint_id: int | None = None,
+    where: str | None = None,
+) -> PreparedVariant:
+    """Hash, scan (:func:`cachedb._pickle_scan.read_entry_fields`, nothing is unpickled),
+    compress and sign one pickled entry, touching no database.
+
+    Raises:
+        ValueError: unknown ``kind``.
+        PickleScanError: a truncated or malformed pickle.
+    """
+    _check_kind(kind)
+    digest = hashlib.sha256(payload).digest()
+    variant = sha256_digest_name(digest)
+    fields = read_entry_fields(payload, where=where or f"{kind}/{key}")
+    packed = pack(payload, digest=digest)
+    row: dict[str, object] = {
+        "kind": kind, "key": key, "variant": variant,
+        "guards_expr": fields.guards_expr, "guards_known": fields.guards_known,
+        "guards_note": fields.reason, "payload": packed.blob, "size_bytes": packed.size_bytes,
+        "checksum": packed.checksum, "time_taken_ns": fields.time_taken_ns, "hit_count": 0,
+        "fingerprint_id": fingerprint_id,
+        "signature": signer.guarded(kind, key, variant, packed.checksum) if signer else None,
+    }
+    return PreparedVariant(kind, key, variant, row)
+
+
+def load_variant(
+    signer: Signer | None, kind: str, key: str, variant: str, blob: bytes, size: int, digest: str,
+    signature: str | None,
+) -> bytes:
+    """The payload bytes of one stored variant (a row of :data:`VARIANTS`), signature and
+    checksum verified. Raises :class:`~cachedb.CorruptPayloadError` when either fails."""
+    where = f"{kind}/{key}/{variant}"
+    if signer is not None and not signer.verify(signature, "guarded", kind, key, variant, digest):
+        raise CorruptPayloadError(where, "signature does not verify under CACHEDB_HMAC_KEY")
+    return unpack(blob, size, digest, where=where)
 
 
 class GuardedEntryRepository:
@@ -151,6 +210,24 @@ class GuardedEntryRepository:
             self.session.execute(_INSERT, rows)
         return added
 
+    def put_prepared(self, prepared: PreparedVariant) -> tuple[str, bool]:
+        """Store a :class:`PreparedVariant` (one existence check, one INSERT). Returns
+        ``(variant, inserted)``; False when that variant was already stored."""
+        params = {"kind": prepared.kind, "key": prepared.key, "variant": prepared.variant}
+        if self.session.execute(_EXISTS, params).first() is not None:
+            return prepared.variant, False
+        now = utcnow()
+        row = {**prepared.row, "created_at": now, "last_used_at": now}
+        if holds_write_lock(self.session):  # no other writer can insert it meanwhile
+            self.session.execute(_INSERT, row)
+            return prepared.variant, True
+        try:
+            with self.session.begin_nested():  # another writer may insert the same variant first
+                self.session.execute(_INSERT, row)
+        except IntegrityError:
+            return prepared.variant, False
+        return prepared.variant, True
+
     def put_pickled(
         self, kind: str, key: str, payload: bytes, *, fingerprint_id: int | None = None, where: str | None = None
     ) -> tuple[str, bool]:
@@ -191,12 +268,7 @@ class GuardedEntryRepository:
     def _load(
         self, kind: str, key: str, variant: str, blob: bytes, size: int, digest: str, signature: str | None
     ) -> bytes:
-        where = f"{kind}/{key}/{variant}"
-        if self.signer is not None and not self.signer.verify(
-            signature, "guarded", kind, key, variant, digest
-        ):
-            raise CorruptPayloadError(where, "signature does not verify under CACHEDB_HMAC_KEY")
-        return unpack(blob, size, digest, where=where)
+        return load_variant(self.signer, kind, key, variant, blob, size, digest, signature)
 
     def quarantine(self, kind: str, key: str, variant: str, reason: str) -> bool:
         """Move a variant to ``quarantined_entries`` (kept for inspection, never served)."""

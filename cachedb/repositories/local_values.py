@@ -10,9 +10,10 @@ from sqlalchemy import bindparam, insert, select, update
 from sqlalchemy.orm import Session
 
 from .._local_cache_doc import ValueLeaf
-from ..models import LocalCacheValue, utcnow
+from ..models import LocalCacheValue, SystemFingerprint, utcnow
 
 _V = LocalCacheValue.__table__
+_F = SystemFingerprint.__table__
 _INSERT = insert(_V)
 _UPDATE = (
     update(_V)
@@ -88,14 +89,32 @@ _FOR_NAMESPACE = (
 )
 
 
+#: Hot path: the leaves ``(key_path, value_json)`` of one namespace on the fingerprints of a
+#: system hash, in document order. Binds: ``system_hash``, ``ns``.
+FOR_NAMESPACE_OF_SYSTEM = (
+    select(_V.c.key_path, _V.c.value_json)
+    .where(
+        _V.c.fingerprint_id.in_(select(_F.c.id).where(_F.c.system_hash == bindparam("system_hash"))),
+        _V.c.namespace == bindparam("ns"),
+    )
+    .order_by(_V.c.position, _V.c.updated_at, _V.c.id)
+)
+
+
 def current_for_namespace(session: Session, fingerprint_ids: list[int], namespace: str) -> tuple[bool, Any]:
     """``(found, value)`` of the top-level ``LocalCache`` key ``namespace``, rebuilt from its
     leaves (latest value per key path)."""
+    return namespace_value(
+        session.execute(_FOR_NAMESPACE, {"fingerprint_ids": fingerprint_ids, "ns": namespace}), namespace
+    )
+
+
+def namespace_value(rows: Iterable[tuple[str, str]], namespace: str) -> tuple[bool, Any]:
+    """``(found, value)`` of ``namespace`` rebuilt from ``(key_path, value_json)`` rows in
+    document order (:data:`FOR_NAMESPACE_OF_SYSTEM`); the latest value of a path wins."""
     found = False
     root: dict[str, Any] = {}
-    for key_path, value_json in session.execute(
-        _FOR_NAMESPACE, {"fingerprint_ids": fingerprint_ids, "ns": namespace}
-    ):
+    for key_path, value_json in rows:
         found = True
         path = json.loads(key_path)
         node = root

@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from sqlalchemy import bindparam, func, insert, select
 from sqlalchemy.orm import Session
 
 from .._local_cache_doc import TimingLeaf
 from ..keys import persistent_cache_inputs_key
-from ..models import AutotuneTiming, LocalCacheValue, utcnow
+from ..models import AutotuneTiming, LocalCacheValue, SystemFingerprint, utcnow
 
 _T = AutotuneTiming.__table__
 _V = LocalCacheValue.__table__
+_F = SystemFingerprint.__table__
+
+#: The fingerprints of one system hash, as a subquery (bind ``system_hash``): hot statements
+#: resolve them in the same query instead of a separate round trip.
+FINGERPRINTS_OF_SYSTEM = select(_F.c.id).where(_F.c.system_hash == bindparam("system_hash"))
 
 _INSERT = insert(_T)
 # Hot path: the timings of one (op, inputs, precision) on the fingerprints of a system hash,
@@ -189,6 +195,65 @@ def current_for_op(session: Session, fingerprint_ids: list[int], op: str) -> dic
     for inputs, hint, precision, choice, ms in session.execute(
         _FOR_OP, {"fingerprint_ids": fingerprint_ids, "op": op}
     ):
+        key = persistent_cache_inputs_key(inputs, hint)
+        out.setdefault(key, {}).setdefault(precision, {})[choice] = ms
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Hot path of the live backend: prebuilt statements for KeptConnection.fetch (binds: str/int)
+# --------------------------------------------------------------------------------------------
+
+_OF_SYSTEM = _T.c.fingerprint_id.in_(FINGERPRINTS_OF_SYSTEM)
+
+#: One row if ``op`` has any timing on the fingerprints of ``system_hash`` (index prefix
+#: ``fingerprint_id, op``). Binds: ``system_hash``, ``op``.
+OP_EXISTS = select(_T.c.id).where(_OF_SYSTEM, _T.c.op == bindparam("op")).limit(1)
+
+_FOR_INPUTS_KEY = (
+    select(_T.c.precision, _T.c.choice_hash, _T.c.timing_ms)
+    .where(_OF_SYSTEM, _T.c.op == bindparam("op"), _T.c.inputs == bindparam("inputs"))
+    .order_by(_T.c.position, _T.c.recorded_at, _T.c.id)
+)
+#: ``(precision, choice_hash, timing_ms)`` of one ``cache[op][inputs_key]``, oldest first per
+#: choice (index ``fingerprint_id, op, inputs, ...``). Binds: ``system_hash``, ``op``,
+#: ``inputs`` (and ``hint_override`` for :data:`FOR_INPUTS_KEY_HINT`).
+FOR_INPUTS_KEY_NO_HINT = _FOR_INPUTS_KEY.where(_T.c.hint_override.is_(None))
+FOR_INPUTS_KEY_HINT = _FOR_INPUTS_KEY.where(_T.c.hint_override == bindparam("hint_override"))
+
+#: Every timing of ``op`` (``inputs, hint_override, precision, choice_hash, timing_ms``), in
+#: document order. Binds: ``system_hash``, ``op``.
+FOR_OP_OF_SYSTEM = (
+    select(_T.c.inputs, _T.c.hint_override, _T.c.precision, _T.c.choice_hash, _T.c.timing_ms)
+    .where(_OF_SYSTEM, _T.c.op == bindparam("op"))
+    .order_by(_T.c.position, _T.c.recorded_at, _T.c.id)
+)
+
+
+def inputs_key_params(system_hash: str, op: str, inputs: str, hint_override: int | None) -> tuple[Any, dict[str, Any]]:
+    """``(statement, params)`` reading one ``cache[op][inputs_key]`` (see :data:`FOR_INPUTS_KEY_NO_HINT`)."""
+    params: dict[str, Any] = {"system_hash": system_hash, "op": op, "inputs": inputs}
+    if hint_override is None:
+        return FOR_INPUTS_KEY_NO_HINT, params
+    params["hint_override"] = hint_override
+    return FOR_INPUTS_KEY_HINT, params
+
+
+def per_precision(rows: Iterable[tuple[str, str, float]]) -> dict[str, dict[str, float]]:
+    """``{precision: {choice_hash: ms}}`` from rows of :data:`FOR_INPUTS_KEY_NO_HINT` (the last
+    row of a choice is its current value)."""
+    out: dict[str, dict[str, float]] = {}
+    for precision, choice, ms in rows:
+        out.setdefault(precision, {})[choice] = ms
+    return out
+
+
+def per_inputs_key(
+    rows: Iterable[tuple[str, int | None, str, str, float]],
+) -> dict[str, dict[str, dict[str, float]]]:
+    """``{inputs_key: {precision: {choice_hash: ms}}}`` from rows of :data:`FOR_OP_OF_SYSTEM`."""
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for inputs, hint, precision, choice, ms in rows:
         key = persistent_cache_inputs_key(inputs, hint)
         out.setdefault(key, {}).setdefault(precision, {})[choice] = ms
     return out

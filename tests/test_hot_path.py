@@ -1,0 +1,200 @@
+"""Hot-path reads (issue 11): the connection kept per process, point lookups of timings,
+busy waits without 100 ms steps. SQLite files (the live backend's database)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from cachedb import CacheDB
+from cachedb._engine import begin_immediate
+from cachedb.fingerprint import current as current_fingerprint
+from cachedb.live._store import LazyOpTimings, LiveStore
+from cachedb.repositories import best_configs as best_configs_repo
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = b'{"num_warps": 4, "num_stages": 1, "XBLOCK": 64}'
+
+
+def _write_in_other_process(db_path: Path, code: str) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_hot_read_sees_another_process_write(tmp_path: Path) -> None:
+    """The kept connection holds no snapshot between reads: a write committed by another
+    process after this process's first read is seen by the next read."""
+    db_path = tmp_path / "hot.db"
+    store = LiveStore(str(db_path))
+    assert store.best_config_get("ab/k.best_config") is None  # opens and keeps the connection
+    system_hash = current_fingerprint().system_hash
+    assert store.local_cache(system_hash).get("mm", {}).get("[(1,)]") is None
+    _write_in_other_process(
+        db_path,
+        "from cachedb.live._store import LiveStore\n"
+        "from cachedb.fingerprint import current\n"
+        f"s = LiveStore({str(db_path)!r})\n"
+        f"s.best_config_put('ab/k.best_config', {CONFIG!r})\n"
+        "c = s.local_cache(current().system_hash)\n"
+        "c.setdefault('mm', {}).setdefault('[(1,)]', {}).setdefault('high', {})['choice'] = 0.5\n"
+        "s.write_changes(c, c.served)\n"
+        "s.close()\n",
+    )
+    assert store.best_config_get("ab/k.best_config") == CONFIG
+    assert store.local_cache(system_hash).get("mm", {}).get("[(1,)]") == {"high": {"choice": 0.5}}
+    # and CacheDB.lookup() on the same kept connection
+    with store.db.lookup() as repos:
+        assert repos.best_configs.get("ab/k.best_config") == CONFIG.decode()
+    # a second write after reads on the kept connection: still seen
+    _write_in_other_process(
+        db_path,
+        "from cachedb.live._store import LiveStore\n"
+        f"s = LiveStore({str(db_path)!r})\n"
+        "s.best_config_put('ab/k.best_config', b'{\"num_warps\": 8}')\n"
+        "s.close()\n",
+    )
+    assert store.best_config_get("ab/k.best_config") == b'{"num_warps": 8}'
+    store.close()
+
+
+def test_kept_connection_is_kept_and_threads_fall_back(tmp_path: Path) -> None:
+    db = CacheDB(tmp_path / "k.db")
+    stmt = best_configs_repo.GET_BY_KEY
+    assert db.kept.fetch(stmt, {"key": "x"}) == []
+    first = db.kept._conn
+    assert db.kept.fetch(stmt, {"key": "x"}) == [] and db.kept._conn is first
+    errors: list[BaseException] = []
+
+    def reader() -> None:
+        try:
+            for _ in range(200):
+                db.kept.fetch(stmt, {"key": "x"})
+                with db.lookup() as repos:
+                    repos.best_configs.get("x")
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=reader) for _ in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors
+    with db.lookup() as outer:  # nested: the inner block gets a pooled connection
+        with db.lookup() as inner:
+            assert inner.session is not outer.session
+        assert db.kept.fetch(stmt, {"key": "x"}) == []
+    db.close()
+
+
+def _child_reads(db_path: str, queue: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
+    store = _PARENT_STORE
+    assert store is not None
+    queue.put((store.best_config_get("ab/f.best_config"), store.db.kept._pid == os.getpid()))
+
+
+_PARENT_STORE: LiveStore | None = None
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_forked_child_opens_its_own_connection(tmp_path: Path) -> None:
+    global _PARENT_STORE
+    db_path = tmp_path / "fork.db"
+    store = _PARENT_STORE = LiveStore(str(db_path))
+    store.best_config_put("ab/f.best_config", CONFIG)
+    assert store.best_config_get("ab/f.best_config") == CONFIG
+    parent_conn = store.db.kept._conn
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_child_reads, args=(str(db_path), queue))
+    child.start()
+    got, own = queue.get(timeout=60)
+    child.join(60)
+    assert child.exitcode == 0
+    assert got == CONFIG and own
+    # the parent's connection is untouched and still works
+    assert store.db.kept._conn is parent_conn
+    assert store.best_config_get("ab/f.best_config") == CONFIG
+    store.close()
+    _PARENT_STORE = None
+
+
+class _CountingStore(LiveStore):
+    def __init__(self, location: str) -> None:
+        super().__init__(location)
+        self.point = self.whole = 0
+
+    def load_inputs_key(self, *args):  # type: ignore[no-untyped-def]
+        self.point += 1
+        return super().load_inputs_key(*args)
+
+    def load_op(self, *args):  # type: ignore[no-untyped-def]
+        self.whole += 1
+        return super().load_op(*args)
+
+
+def test_timings_lookup_reads_one_inputs_key(tmp_path: Path) -> None:
+    store = _CountingStore(str(tmp_path / "t.db"))
+    system_hash = current_fingerprint().system_hash
+    cache = store.local_cache(system_hash)
+    for i in range(50):
+        cache.setdefault("mm", {}).setdefault(f"[({i},)]", {}).setdefault("high", {})["c"] = float(i)
+    cache.setdefault("mm", {}).setdefault("[(7,)]_3", {}).setdefault("high", {})["c"] = 70.0
+    store.write_changes(cache, cache.served)
+
+    cache = store.local_cache(system_hash)
+    op = cache.get("mm", {})
+    assert isinstance(op, LazyOpTimings)
+    assert op.get("[(7,)]", {}).get("high", {}) == {"c": 7.0}
+    assert op["[(7,)]_3"] == {"high": {"c": 70.0}}
+    assert "[(99,)]" not in op
+    assert (store.point, store.whole) == (3, 0)
+    # a record writes only what changed, without reading the op's other timings
+    op.setdefault("[(99,)]", {}).setdefault("high", {})["c"] = 99.0
+    op["[(7,)]"]["high"]["c"] = 7.5
+    store.write_changes(cache, cache.served)
+    cache.mark_written()
+    assert store.whole == 0
+    assert op.changes() == ({}, {})
+    # whole-op access loads the rest, in document order
+    fresh = store.local_cache(system_hash)["mm"]
+    assert len(fresh) == 52 and store.whole == 1
+    assert list(fresh)[:3] == ["[(0,)]", "[(1,)]", "[(2,)]"]
+    assert fresh["[(7,)]"] == {"high": {"c": 7.5}} and fresh["[(99,)]"] == {"high": {"c": 99.0}}
+    with store.db.read() as repos:
+        rows = repos.timings.current_paths(repos.fingerprints.ids_for_system_hash(system_hash))
+    assert len(rows) == 52
+    store.close()
+
+
+def test_begin_immediate_waits_in_short_steps(tmp_path: Path) -> None:
+    """A writer queued behind a 50 ms write starts well before SQLite's 100 ms busy steps."""
+    db = CacheDB(tmp_path / "b.db")
+    db.close()
+    holder = sqlite3.connect(tmp_path / "b.db", isolation_level=None, check_same_thread=False)
+    waiter = sqlite3.connect(tmp_path / "b.db", isolation_level=None)
+    waiter.execute("PRAGMA busy_timeout = 5000")
+    holder.execute("BEGIN IMMEDIATE")
+    threading.Timer(0.05, lambda: holder.execute("COMMIT")).start()
+    t0 = time.monotonic()
+    begin_immediate(waiter, 5.0)
+    waited = time.monotonic() - t0
+    waiter.execute("COMMIT")
+    assert waited < 0.09, waited
+    assert waiter.execute("PRAGMA busy_timeout").fetchone()[0] == 5000
+    # still locked past the timeout: "database is locked"
+    holder.execute("BEGIN IMMEDIATE")
+    with pytest.raises(sqlite3.OperationalError, match="locked"):
+        begin_immediate(waiter, 0.05)
+    holder.execute("ROLLBACK")
+    holder.close()
+    waiter.close()
