@@ -60,6 +60,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--scratch", type=Path, default=None, help="parent of the scratch directory (default: $TMPDIR)")
     parser.add_argument("--keep-scratch", action="store_true", help="do not delete the scratch directory")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="§1 warm start: CPU workloads, or the GPU workloads on a CUDA machine")
     return parser.parse_args(argv)
 
 
@@ -71,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"unknown section(s): {', '.join(unknown)}; known: {', '.join(ORDER)}", file=sys.stderr)
         return 2
     scratch = Path(tempfile.mkdtemp(prefix="cachedb-bench-", dir=args.scratch))
-    ctx = Context(quick=args.quick, scratch=scratch, verbose=not args.quiet)
+    ctx = Context(quick=args.quick, scratch=scratch, verbose=not args.quiet, device=args.device)
     load_start = _loadavg()
     source_start = cachedb_source_digest()
     results: dict[str, SectionResult] = {}
@@ -105,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         "sections_run": [r.name for r in ordered],
         "total_seconds": round(time.perf_counter() - t_run, 1),
         "command": "python -m benchmarks " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "device": args.device,
         "machine": machine_info(),
         "cachedb_source_sha256": source_start,
         "cachedb_source_changed_during_run": cachedb_source_digest() != source_start,

@@ -28,6 +28,8 @@ class Context:
     quick: bool
     scratch: Path
     verbose: bool = True
+    #: "cpu" (torch 2.13 CPU, CI) or "cuda" (the GPU machine: §1's GPU workloads)
+    device: str = "cpu"
     shared: dict[str, Any] = field(default_factory=dict)
     started: float = field(default_factory=time.perf_counter)
 

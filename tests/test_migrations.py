@@ -99,3 +99,8 @@ def test_wheel_carries_migrations(tmp_path: Path) -> None:
     assert "cachedb/migrations/env.py" in names
     assert "cachedb/migrations/script.py.mako" in names
     assert {f"cachedb/migrations/versions/{v}" for v in versions} <= names
+
+
+def test_head_revision_constant_matches_alembic() -> None:
+    """Opening a database at head skips Alembic entirely, trusting this constant."""
+    assert _migrate.HEAD_REVISION == _migrate.head_revision()

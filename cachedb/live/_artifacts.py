@@ -63,16 +63,22 @@ class KernelArtifacts:
 
     def materialize_key(
         self, kind: str, key: str, directory: str, *, host_key: str = "", require: str | None = None,
-        rewrite: dict[str, bytes] | None = None,
+        rewrite: dict[str, bytes] | None = None, files: dict[str, bytes] | None = None,
     ) -> dict[str, bytes] | None:
         """Write every stored file of key ``key`` into ``directory`` (created if needed).
 
         ``require``: a file name the stored key must hold, else nothing is written (a miss).
+        ``rewrite``: bytes to write instead of the stored ones, by name. ``files``: the key's
+        files already fetched by :meth:`fetch_key` (no second query).
         Returns the stored files ``{name: bytes}`` (``None`` on a miss, a damaged blob or a
         database that cannot be read: one warning). Files already in ``directory`` are kept.
         The file named ``require`` is written last, so a concurrent reader that waits for it
         finds the others in place.
         """
+        if files is not None:
+            if require is not None and require not in files:
+                return None
+            return self._write_key(kind, host_key, key, directory, files, require, rewrite)
 
         def read() -> dict[str, bytes] | None:
             if not self._served():
@@ -88,18 +94,22 @@ class KernelArtifacts:
                 return None
             return files
 
-        files = self.live.safely(f"{kind} kernel lookup", None, read)
-        log.debug("%s kernel lookup %s: %s", kind, key, f"{len(files)} file(s)" if files else "miss")
-        if not files:
+        found = self.live.safely(f"{kind} kernel lookup", None, read)
+        log.debug("%s kernel lookup %s: %s", kind, key, f"{len(found)} file(s)" if found else "miss")
+        if not found:
             return None
+        return self._write_key(kind, host_key, key, directory, found, require, rewrite)
 
+    def _write_key(
+        self, kind: str, host_key: str, key: str, directory: str, files: dict[str, bytes],
+        last: str | None, rewrite: dict[str, bytes] | None,
+    ) -> dict[str, bytes] | None:
         def write() -> dict[str, bytes]:
             os.makedirs(directory, exist_ok=True)
-            order = sorted(files, key=lambda n: n == require)
-            for name in order:
-                data = (rewrite or {}).get(name, files[name])
-                if not os.path.exists(os.path.join(directory, name)):
-                    write_file_atomic(directory, name, data)
+            present = set(os.listdir(directory))
+            for name in sorted(files, key=lambda n: n == last):
+                if name not in present:
+                    write_file_atomic(directory, name, (rewrite or {}).get(name, files[name]))
             return files
 
         written = self.live.safely(f"{kind} kernel materialize", None, write)

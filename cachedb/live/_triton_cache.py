@@ -68,7 +68,7 @@ class CacheDBTritonCacheManager(FileCacheManager):  # type: ignore[misc]
                     store.live.warn_once("triton group file", exc)
                     rewrite = None
                 if rewrite is not None and store.materialize_key(
-                    KIND, self.key, self.cache_dir, require=grp, rewrite=rewrite
+                    KIND, self.key, self.cache_dir, require=grp, rewrite=rewrite, files=files
                 ) is not None:
                     group = super().get_group(filename)
                     if group is not None and filename in group:

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import bindparam, delete, exists, func, insert, select, update
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from .._errors import CorruptBlobError, CorruptPayloadError
@@ -75,8 +74,12 @@ def _dialect_insert(session: Any, table: Any) -> Any:
     bind = session if hasattr(session, "dialect") else session.get_bind()
     name = bind.dialect.name
     if name == "postgresql":
+        from sqlalchemy.dialects import postgresql
+
         return postgresql.insert(table).on_conflict_do_nothing()
     if name == "sqlite":
+        from sqlalchemy.dialects import sqlite
+
         return sqlite.insert(table).on_conflict_do_nothing()
     return insert(table)
 
