@@ -30,6 +30,7 @@ from .repositories import (
     CutlassOpListRepository,
     FingerprintRepository,
     GuardedEntryRepository,
+    KernelArtifactRepository,
     LocalCacheValueRepository,
 )
 
@@ -64,6 +65,10 @@ class Repos:
     @property
     def cutlass(self) -> CutlassOpListRepository:
         return CutlassOpListRepository(self.session)
+
+    @property
+    def artifacts(self) -> KernelArtifactRepository:
+        return KernelArtifactRepository(self.session)
 
 
 class CacheDB:
