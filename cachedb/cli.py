@@ -649,6 +649,46 @@ def verify(obj: _Context, fmt: str, no_quarantine: bool) -> None:
         err.print(f"ok: integrity check passed, {checked} payloads verified", highlight=False)
 
 
+@main.command()
+@click.argument("damaged", type=click.Path(dir_okay=False, exists=True, path_type=str))
+@click.argument("new", type=click.Path(dir_okay=False, path_type=str))
+@click.option("--method", type=click.Choice(["auto", "recover", "scan"]), default="auto", show_default=True,
+              help="recover: SQLite's .recover through the sqlite3 shell; scan: page-tolerant table scans "
+              "(no shell needed); auto: recover when a sqlite3 shell is on PATH.")
+@click.option("--format", "fmt", type=FORMATS, default="table", show_default=True)
+def recover(damaged: str, new: str, method: str, fmt: str) -> None:
+    """Salvage every readable row of a damaged database into a NEW one.
+
+    DAMAGED is only read. Rows are copied with their ids into NEW (which must not
+    exist), payload checksums are verified again (rows that fail are left out),
+    and rows saved and not saved are printed per table. Exit status 1 if NEW
+    still fails cachedb verify.
+
+    \b
+    Example:
+      cachedb recover damaged.db saved.db
+      cachedb --db saved.db stats
+    """
+    from .recover import recover as run_recover
+
+    with ProgressBar(f"recovering {damaged}", unit="tables") as bar:
+        report = run_recover(damaged, new, method=method,
+                             progress=lambda done, total: bar.update(count=done, total_count=total))
+    rows = [t.as_row() for t in report.tables]
+    emit(rows, _columns(rows, ("table", "saved", "lost", "corrupt", "orphaned", "indexed")), fmt)
+    summary = (f"{report.saved} rows saved, {report.not_saved} not saved (lost, corrupt or orphaned) "
+               f"into {report.target} (method: {report.method})")
+    if fmt == "table":
+        click.echo(_printable(summary))
+    else:
+        err.print(Text(_printable(summary)), highlight=False)
+    for problem in report.problems:
+        err.print(Text(_printable(f"{report.target}: {problem['what']} {problem['where']}: {problem['problem']}")),
+                  highlight=False)
+    if report.problems:
+        sys.exit(1)
+
+
 @main.group()
 def cutlass() -> None:
     """CUTLASS op lists (configs_<request key>.json) in the database.

@@ -23,7 +23,7 @@ def run(*args: str) -> Result:
     return CliRunner().invoke(main, list(args), catch_exceptions=False)
 
 
-@pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.parametrize("command", [*COMMANDS, "recover"])
 def test_every_command_has_help_with_an_example(command: str) -> None:
     result = run(command, "--help")
     assert result.exit_code == 0
