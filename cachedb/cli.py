@@ -395,15 +395,17 @@ def init(obj: _Context) -> None:
     "--this-machine",
     is_flag=True,
     help="Attribute the entries to this machine and torch (the directory was written here, "
-    "by the installed torch). Needs torch.",
+    "by the installed torch), so its C++ kernel libraries are served to this host's compiles. "
+    "Needs torch.",
 )
 @db_options
 @pass_ctx
 def import_(obj: _Context, cache_dir: str, this_machine: bool) -> None:
     """Import an Inductor cache directory (TORCHINDUCTOR_CACHE_DIR).
 
-    Reads fxgraph/, aotautograd/, cache/<system hash>, every *.best_config and
-    configs_*.json. Pickles are never executed. Bad files are listed and skipped;
+    Reads fxgraph/, aotautograd/, cache/<system hash>, every *.best_config,
+    configs_*.json, Triton's kernels (triton/<device>/<key>/) and C++ kernel libraries
+    (<k[1:3]>/<k>*.so). Pickles are never executed. Bad files are listed and skipped;
     re-importing is idempotent.
 
     \b
@@ -413,19 +415,21 @@ def import_(obj: _Context, cache_dir: str, this_machine: bool) -> None:
     from .importer import Importer
 
     fingerprint = None
+    host_key = None
     if this_machine:
-        from .fingerprint import current
+        from .fingerprint import cpp_host_key, current
 
         fingerprint = current()
+        host_key = cpp_host_key()
     with obj.open() as db, ProgressBar(f"importing {cache_dir}") as bar:
-        report = Importer(db, fingerprint=fingerprint).run(cache_dir, progress=_progress_callback(bar))
+        report = Importer(db, fingerprint=fingerprint, host_key=host_key).run(cache_dir, progress=_progress_callback(bar))
     kinds = sorted(set(report.added) | set(report.unchanged))
     emit(
         [{"kind": k, "added": report.added[k], "unchanged": report.unchanged[k]} for k in kinds],
         ("kind", "added", "unchanged"),
         "table",
     )
-    click.echo(f"{report.bytes_read} bytes read; {report.ignored_files} files not cachedb's (kernels, locks, ...)")
+    click.echo(f"{report.bytes_read} bytes read; {report.ignored_files} files not cachedb's (sources, object files, locks, ...)")
     for p in report.notes:
         err.print(f"note: {p.path}: {p.reason}", highlight=False, markup=False)
     for p in report.problems:
@@ -450,11 +454,18 @@ def export(obj: _Context, target_dir: str) -> None:
     """
     from .exporter import export_cache_dir
 
+    try:  # C++ libraries built on this host win where several hosts share a key
+        from .fingerprint import cpp_host_key
+
+        prefer_host: str | None = cpp_host_key()
+    except Exception:  # noqa: BLE001 - no torch or no compiler: any host's library
+        prefer_host = None
     with obj.open(existing=True) as db, ProgressBar(f"exporting to {target_dir}") as bar:
         if _accepts(export_cache_dir, "progress"):
-            report = export_cache_dir(db, target_dir, progress=_progress_callback(bar))  # type: ignore[call-arg]
+            report = export_cache_dir(db, target_dir, progress=_progress_callback(bar),  # type: ignore[call-arg]
+                                      prefer_host=prefer_host)
         else:
-            report = export_cache_dir(db, target_dir)
+            report = export_cache_dir(db, target_dir, prefer_host=prefer_host)
     kinds = sorted(set(report.written) | set(report.unchanged))
     emit(
         [{"kind": k, "written": report.written[k], "unchanged": report.unchanged[k]} for k in kinds],
@@ -558,13 +569,21 @@ def _parse_age(text: str) -> float:
 @db_options
 @pass_ctx
 def prune(obj: _Context, max_bytes: str | None, older_than: str | None, vacuum: bool) -> None:
-    """Evict FX graph and AOTAutograd entries, least recently used first.
+    """Evict FX graph and AOTAutograd entries and kernels, least recently used first.
+
+    Kernels (Triton key directories, C++ libraries) go whole, and a blob goes when no kept
+    kernel uses it. --older-than applies to both; --max-bytes bounds their stored bytes
+    together, each kind giving up its share of the excess.
 
     \b
     Example:
       cachedb --db inductor.db prune --max-bytes 10G --older-than 30d
     """
     import datetime as dt
+
+    from sqlalchemy import func, select
+
+    from .models import GuardedEntry, KernelBlob
 
     if max_bytes is None and older_than is None:
         raise click.UsageError("give --max-bytes and/or --older-than")
@@ -574,16 +593,25 @@ def prune(obj: _Context, max_bytes: str | None, older_than: str | None, vacuum: 
         cutoff = dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=_parse_age(older_than))
     with obj.open(existing=True) as db:
         with ProgressBar(f"pruning {db.where}", unit="entries") as bar, db.transaction() as repos:
+            g_limit = k_limit = None
+            if limit is not None:
+                g = int(repos.session.execute(select(func.coalesce(func.sum(func.length(GuardedEntry.payload)), 0))).scalar_one())
+                k = int(repos.session.execute(select(func.coalesce(func.sum(KernelBlob.stored_bytes), 0))).scalar_one())
+                over = max(0, g + k - limit)
+                g_limit = g - (over * g // (g + k) if g + k else 0)
+                k_limit = k - (over - (over * g // (g + k) if g + k else 0))
             if _accepts(repos.guarded.evict, "progress"):
-                n, freed = repos.guarded.evict(max_bytes=limit, older_than=cutoff,  # type: ignore[call-arg]
+                n, freed = repos.guarded.evict(max_bytes=g_limit, older_than=cutoff,  # type: ignore[call-arg]
                                                progress=_progress_callback(bar))
             else:
-                n, freed = repos.guarded.evict(max_bytes=limit, older_than=cutoff)
+                n, freed = repos.guarded.evict(max_bytes=g_limit, older_than=cutoff)
+            kn, kfreed = repos.artifacts.evict(max_bytes=k_limit, older_than=cutoff)
         if vacuum:
             from ._engine import vacuum as run_vacuum
 
             run_vacuum(db.engine)
-    click.echo(f"removed {n} entries, {freed} stored bytes ({_human(freed)})")
+    click.echo(f"removed {n} entries, {freed} stored bytes ({_human(freed)}); "
+               f"{kn} kernel files, {kfreed} stored bytes ({_human(kfreed)})")
 
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
