@@ -34,6 +34,9 @@ ENV_TIMEOUT = "CACHEDB_TIMEOUT"
 #: A file that every process with cachedb active appends a debug trace of its lookups to.
 ENV_LOG_FILE = "CACHEDB_LOG_FILE"
 
+#: ``1``: keep torch's runtime re-tuning of kernels whose best config is stored.
+ENV_RETUNE = "CACHEDB_RETUNE"
+
 #: Triton's cache-manager variable (``triton.knobs.cache.manager_class``) and cachedb's value.
 ENV_TRITON_MANAGER = "TRITON_CACHE_MANAGER"
 TRITON_MANAGER_SPEC = "cachedb.live._triton_cache:CacheDBTritonCacheManager"
@@ -68,7 +71,11 @@ def child_environment(location: str, base: dict[str, str] | None = None) -> dict
 
 
 def install(
-    path: str | os.PathLike[str] | None = None, *, timeout_s: float | None = None, trust: bool = False
+    path: str | os.PathLike[str] | None = None,
+    *,
+    timeout_s: float | None = None,
+    trust: bool = False,
+    retune: bool | None = None,
 ) -> LiveStore:
     """Make Inductor store and find its caches in the database at ``path``.
 
@@ -78,6 +85,10 @@ def install(
     through the environment. Calling it again with another path switches databases.
     Pickled entries are not loaded from a database owned by another user or writable by
     others unless ``trust=True`` (or ``CACHEDB_TRUST=1``).
+
+    Kernels whose best config is stored start with it and are not tuned again at run time
+    (:mod:`cachedb.live._autotune`); ``retune=True`` (default ``$CACHEDB_RETUNE == "1"``) keeps
+    torch's own behaviour, which re-measures them (the new results are stored).
 
     Compiled kernels are served too: C++ kernel libraries through ``CppCodeCache``'s build
     seams, and Triton's cache through ``TRITON_CACHE_MANAGER`` (set here unless the user set
@@ -105,8 +116,10 @@ def install(
             if _active[0].location == location:
                 return _active[0]
             uninstall()
+        if retune is None:
+            retune = os.environ.get(ENV_RETUNE) == "1"
         store = LiveStore(location, timeout_s=timeout_s, trust=trust)
-        patches = _seams.build(store)
+        patches = _seams.build(store, retune=retune)
         has_triton = _seams.triton_available()
         _seams.apply(patches)
         previous = {
@@ -198,10 +211,14 @@ def active_store() -> LiveStore | None:
 
 @contextmanager
 def installed(
-    path: str | os.PathLike[str] | None = None, *, timeout_s: float | None = None, trust: bool = False
+    path: str | os.PathLike[str] | None = None,
+    *,
+    timeout_s: float | None = None,
+    trust: bool = False,
+    retune: bool | None = None,
 ) -> Iterator[LiveStore]:
     """``with cachedb.installed("cache.db"): model = torch.compile(model); model(x)``."""
-    store = install(path, timeout_s=timeout_s, trust=trust)
+    store = install(path, timeout_s=timeout_s, trust=trust, retune=retune)
     try:
         yield store
     finally:

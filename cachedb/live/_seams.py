@@ -19,6 +19,8 @@ import in gemm_template.py)
 Triton's ``CacheManager`` (``TRITON_CACHE_MANAGER``,     ``kernel_artifacts`` (kind ``triton``)
 set by :func:`cachedb.install`; checked when Triton is
 installed)
+``CachingAutotuner.recheck_autotune_cache`` (when       ``best_configs`` (no re-tuning of stored
+Triton is installed; not with ``retune=True``)          winners, :mod:`cachedb.live._autotune`)
 =====================================================  ==========================================
 
 All of them or none: :func:`apply` raises :class:`SeamMissingError` before touching anything
@@ -329,8 +331,19 @@ def triton_available() -> bool:
     return True
 
 
-def build(store: LiveStore) -> list[_Patch]:
-    """Every patch for the installed torch. Raises :class:`SeamMissingError` if one is missing."""
+def _autotune_seams() -> list[_Patch]:
+    from . import _autotune
+
+    try:
+        owner = _autotune.seam_owner()
+    except (ImportError, AttributeError) as exc:
+        raise SeamMissingError(f"torch seam missing: CachingAutotuner.recheck_autotune_cache ({exc})") from exc
+    return [_Patch(owner, "recheck_autotune_cache", _autotune.recheck_autotune_cache)]
+
+
+def build(store: LiveStore, *, retune: bool = False) -> list[_Patch]:
+    """Every patch for the installed torch. Raises :class:`SeamMissingError` if one is missing.
+    ``retune``: keep torch's own ``recheck_autotune_cache`` (re-measure stored winners)."""
     FxGraphCache = _require("torch._inductor.codecache", "FxGraphCache")
     GuardedCache = _require("torch._inductor.codecache", "GuardedCache")
     AOTAutogradCache = _require("torch._functorch._aot_autograd.autograd_cache", "AOTAutogradCache")
@@ -346,6 +359,8 @@ def build(store: LiveStore) -> list[_Patch]:
     patches += _best_config_seams(store)
     patches += _cutlass_seams(store)
     patches += _cpp_seams()
+    if not retune and triton_available():
+        patches += _autotune_seams()
     return patches
 
 
