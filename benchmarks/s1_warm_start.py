@@ -39,6 +39,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import text
+
 from ._context import REPO_ROOT, Context
 from ._report import Row, SectionResult
 from ._stats import summarize
@@ -266,6 +268,12 @@ def run(ctx: Context) -> SectionResult:
         res.rows.append(Row("warm from cachedb export into a fresh dir vs warm local: first calls",
                             first["warm cachedb export"], first["warm local"], "warm local dir"))
 
+    with CacheDB(live_db) as db, db.read() as repos:
+        live_totals = {t["kind"]: t for t in repos.artifacts.totals()}
+        n_best = repos.session.execute(text("SELECT COUNT(*) FROM best_configs")).scalar_one()
+    res.notes.append("Live-filled DB (the cachedb cold run, compile workers included): "
+                     + "; ".join(f"{k}: {t['keys']} keys, {t['files']} files" for k, t in live_totals.items())
+                     + f"; {n_best} best configs.")
     so_bytes = _dir_bytes(first_cold, lambda p: p.suffix == ".so" and "triton" not in p.parts)
     with CacheDB(imported_db) as db, db.read() as repos:
         totals = {t["kind"]: t for t in repos.artifacts.totals()}
