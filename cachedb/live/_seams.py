@@ -240,16 +240,90 @@ def _best_config_seams(store: LiveStore) -> list[_Patch]:
     ]
 
 
-def _cutlass_seams(store: LiveStore) -> list[_Patch]:
+class _AfterImport:
+    """A one-shot ``sys.meta_path`` finder: runs ``callback(module)`` right after the module
+    ``name`` is executed by its own loader (found by the other finders)."""
+
+    def __init__(self, name: str, callback: Callable[[Any], None]) -> None:
+        self.name = name
+        self.callback = callback
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != self.name:
+            return None
+        spec = None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                break
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        loader, callback = spec.loader, self.callback
+        exec_module = loader.exec_module
+
+        def exec_then_patch(module: Any) -> None:
+            exec_module(module)
+            callback(module)
+
+        loader.exec_module = exec_then_patch  # this module's loader instance only
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+        return spec
+
+
+class _DeferredPatches:
+    """Patches of a module that is not imported yet: applied when it is imported (so that
+    ``install`` does not import it: the CUTLASS modules pull in much of Inductor)."""
+
+    def __init__(self, name: str, make: Callable[[Any], list[_Patch]]) -> None:
+        self.name = name
+        self.make = make
+        self.patches: list[_Patch] = []
+        self.finder: _AfterImport | None = None
+
+    def apply(self) -> None:
+        self.finder = _AfterImport(self.name, self._on_import)
+        sys.meta_path.insert(0, self.finder)
+
+    def _on_import(self, module: Any) -> None:
+        try:
+            patches = self.make(module)
+            apply(patches)
+            self.patches = patches
+        except Exception as exc:  # noqa: BLE001 - never break the user's import
+            log.warning("cachedb: %s imported without cachedb's seam: %s", self.name, exc)
+
+    def restore(self) -> None:
+        if self.finder is not None and self.finder in sys.meta_path:
+            sys.meta_path.remove(self.finder)
+        restore(self.patches)
+        self.patches = []
+
+
+def _cutlass_seams(store: LiveStore) -> list[Any]:
+    """The CUTLASS op-list seam: patched now if torch imported the module already, else
+    when it is imported (checked to exist now, without importing it)."""
+    for cache_mod, gemm_mod, utils_mod, config_ns in _CUTLASS_MODULES:
+        module = sys.modules.get(cache_mod)
+        if module is not None:
+            return _cutlass_patches(store, module, gemm_mod, utils_mod, config_ns)
     for cache_mod, gemm_mod, utils_mod, config_ns in _CUTLASS_MODULES:
         try:
-            cache = importlib.import_module(cache_mod)
-            utils = importlib.import_module(utils_mod)
-        except ImportError:
-            continue
-        break
-    else:
-        raise SeamMissingError("torch seam missing: no CUTLASS op cache module (maybe_fetch_ops)")
+            spec = importlib.util.find_spec(cache_mod)
+        except (ImportError, ValueError):
+            spec = None
+        if spec is not None:
+            def make(module: Any, g: str = gemm_mod, u: str = utils_mod, c: str = config_ns) -> list[_Patch]:
+                return _cutlass_patches(store, module, g, u, c)
+
+            return [_DeferredPatches(cache_mod, make)]
+    raise SeamMissingError("torch seam missing: no CUTLASS op cache module (maybe_fetch_ops)")
+
+
+def _cutlass_patches(store: LiveStore, cache: Any, gemm_mod: str, utils_mod: str, config_ns: str) -> list[_Patch]:
+    cache_mod = cache.__name__
     original = getattr(cache, "maybe_fetch_ops", None)
     if original is None:
         raise SeamMissingError(f"torch seam missing: {cache_mod}.maybe_fetch_ops")
@@ -273,6 +347,7 @@ def _cutlass_seams(store: LiveStore) -> list[_Patch]:
             return None
 
         def from_db() -> list[Any] | None:
+            utils = importlib.import_module(utils_mod)
             arch = utils.cutlass_arch(device_type)
             version = utils.toolkit_version(device_type) if hasattr(utils, "toolkit_version") else None
             if version is None:  # torch 2.9/2.10

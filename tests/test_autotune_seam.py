@@ -1,0 +1,50 @@
+"""The re-tuning seam (issue 10): installed by default, left out with retune=True or
+CACHEDB_RETUNE=1, restored on uninstall. Its effect (no runtime coordinate descent for stored
+winners) needs a GPU: benchmarks/s1_warm_start.py --device cuda measures it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+_CHILD = r"""
+import sys, os
+import torch
+import cachedb
+from cachedb.live import _autotune
+from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+torch_own = CachingAutotuner.recheck_autotune_cache
+kwargs = {} if sys.argv[2] == "default" else {"retune": sys.argv[2] == "retune"}
+cachedb.install(sys.argv[1], **kwargs)
+patched = CachingAutotuner.recheck_autotune_cache is _autotune.recheck_autotune_cache
+cachedb.uninstall()
+restored = CachingAutotuner.recheck_autotune_cache is torch_own
+print(patched, restored)
+"""
+
+
+def _run(db: Path, mode: str, env_retune: str | None = None) -> str:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CACHEDB_")}
+    if env_retune is not None:
+        env["CACHEDB_RETUNE"] = env_retune
+    proc = subprocess.run([sys.executable, "-c", _CHILD, str(db), mode], capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout.strip()
+
+
+def test_recheck_seam_is_installed_by_default_and_restored(tmp_path: Path) -> None:
+    assert _run(tmp_path / "a.db", "default") == "True True"
+
+
+def test_retune_keeps_torch_behaviour(tmp_path: Path) -> None:
+    assert _run(tmp_path / "a.db", "retune") == "False True"
+    assert _run(tmp_path / "a.db", "default", env_retune="1") == "False True"
+    assert _run(tmp_path / "a.db", "no-retune", env_retune="1") == "True True"  # the argument wins
