@@ -109,3 +109,8 @@ class CorruptBlobError(CorruptPayloadError):
     def __init__(self, where: str, reason: str, sha256: str) -> None:
         self.sha256 = sha256
         super().__init__(where, reason)
+
+
+class CopyError(CacheDBError):
+    """A database-to-database copy or merge was refused or failed (``cachedb copy``,
+    ``cachedb merge``, :mod:`cachedb.copy`); the message names the database and the reason."""
