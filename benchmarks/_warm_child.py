@@ -48,6 +48,30 @@ def _load_build_cache() -> Any:
     return module
 
 
+def _trace_coordesc(path: str) -> None:
+    """Record each runtime coordinate descent (``CachingAutotuner.coordinate_descent_tuning``,
+    torch/_inductor/runtime/triton_heuristics.py): kernel, start config, what the autotune
+    cache said, whether the autotuner came statically launchable from a bundle."""
+    from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+
+    original = CachingAutotuner.coordinate_descent_tuning
+
+    def traced(self: Any, launcher: Any, *a: Any, **k: Any) -> Any:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(json.dumps({
+                "kernel": self.inductor_meta.get("kernel_name"),
+                "start_config": str(launcher.config),
+                "found_by_coordesc": getattr(launcher.config, "found_by_coordesc", None),
+                "autotune_cache_info": {k2: str(v) for k2, v in (getattr(self, "autotune_cache_info", None) or {}).items()},
+                "n_configs": len(self.configs or []),
+                "static": self.is_statically_launchable() if self.compile_results else None,
+                "filename": os.path.basename(self.filename or ""),
+            }) + "\n")
+        return original(self, launcher, *a, **k)
+
+    CachingAutotuner.coordinate_descent_tuning = traced  # type: ignore[method-assign]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("mode", choices=["files", "mega", "cachedb", "cachedb-cold"])
@@ -59,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cachedb-via", choices=["installed", "export"], default="installed")
     parser.add_argument("--models", default="mlp,dynamic,gemm")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--trace-coordesc", help="write a JSON line per runtime coordinate descent to this file")
     args = parser.parse_args(argv)
 
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.abspath(args.cache_dir)
@@ -87,6 +112,9 @@ def main(argv: list[str] | None = None) -> int:
             cpp["n"] += 1
 
     cpp_builder.CppBuilder.build = timed_build  # type: ignore[method-assign]
+
+    if args.trace_coordesc:
+        _trace_coordesc(args.trace_coordesc)
 
     t = time.perf_counter()
     bc = _load_build_cache()
