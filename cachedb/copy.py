@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import operator
 import os
 import sqlite3
 import time
@@ -113,10 +114,12 @@ TABLES = (
 MARKER_TABLE = "cachedb_copy_in_progress"
 
 #: Default batch bounds: rows, and bytes of row values (payloads included).
-DEFAULT_BATCH_ROWS = 1000
+DEFAULT_BATCH_ROWS = 5000
 DEFAULT_BATCH_BYTES = 16 << 20
 
 _T = {name: Base.metadata.tables[name] for name in TABLES}
+#: The timestamp columns of each table.
+_DATETIMES = {name: tuple(c.name for c in t.c if isinstance(c.type, DateTime)) for name, t in _T.items()}
 _UTC = dt.timezone.utc
 _MARKER = Table(
     MARKER_TABLE,
@@ -372,7 +375,11 @@ class _Source:
     def fill(self, table: str, row: dict[str, Any]) -> dict[str, Any]:
         """``row`` with datetimes in UTC and the columns an older revision lacks filled as its
         migration would (see the module docstring)."""
-        out = {k: _utc(v) for k, v in row.items()}
+        out = row
+        for name in _DATETIMES[table]:
+            value = out.get(name)
+            if value is not None:
+                out[name] = value.replace(tzinfo=_UTC) if value.tzinfo is None else value.astimezone(_UTC)
         if isinstance(out.get("payload"), memoryview):
             out["payload"] = bytes(out["payload"])
         if table == "guarded_entries":
@@ -746,8 +753,9 @@ _SAME_COLUMNS = {"local_cache_values": ("value_json",), "best_configs": ("conten
 
 
 def _natural(table: str) -> Callable[[dict[str, Any]], tuple]:
-    names = _NATURAL_COLUMNS[table]
-    return lambda values: tuple(_utc(values[n]) for n in names)
+    """The natural key of a row whose timestamps are already UTC (:meth:`_Source.fill`)."""
+    getter = operator.itemgetter(*_NATURAL_COLUMNS[table])
+    return lambda values: getter(values)
 
 
 # --------------------------------------------------------------------------- entry points
