@@ -864,3 +864,4 @@ def import_artifacts_cmd(obj: _Context, file: str) -> None:
 
 if __name__ == "__main__":  # pragma: no cover
     main()
+from . import cli_copy  # noqa: E402,F401  (registers `cachedb copy` and `cachedb merge`)
