@@ -862,6 +862,9 @@ def import_artifacts_cmd(obj: _Context, file: str) -> None:
         err.print(f"{len(report.problems)} artifact(s) not stored", highlight=False)
 
 
+from .cli_report import register as _register_report; _register_report(main)  # noqa: E402 (report, datasette-metadata)
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()
 from . import cli_copy  # noqa: E402,F401  (registers `cachedb copy` and `cachedb merge`)
