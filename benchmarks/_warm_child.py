@@ -48,6 +48,23 @@ def _load_build_cache() -> Any:
     return module
 
 
+def _record_launchers(out: dict[str, str]) -> None:
+    """After each ``CachingAutotuner.run``, ``out[kernel name] = str(config of the launcher it
+    ran)`` (torch/_inductor/runtime/triton_heuristics.py): the configs a run ended up with."""
+    from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+
+    original = CachingAutotuner.run
+
+    def run(self: Any, *a: Any, **k: Any) -> Any:
+        result = original(self, *a, **k)
+        if self.launchers:
+            name = f"{self.inductor_meta.get('kernel_name')}:{os.path.basename(self.filename or '')}"
+            out[name] = str(self.launchers[0].config)
+        return result
+
+    CachingAutotuner.run = run  # type: ignore[method-assign]
+
+
 def _trace_coordesc(path: str) -> None:
     """Record each runtime coordinate descent (``CachingAutotuner.coordinate_descent_tuning``,
     torch/_inductor/runtime/triton_heuristics.py): kernel, start config, what the autotune
@@ -84,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", default="mlp,dynamic,gemm")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--trace-coordesc", help="write a JSON line per runtime coordinate descent to this file")
+    parser.add_argument("--dump-launchers", help="write {kernel name: config of its launcher} after the workloads")
     args = parser.parse_args(argv)
 
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.abspath(args.cache_dir)
@@ -115,6 +133,9 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.trace_coordesc:
         _trace_coordesc(args.trace_coordesc)
+    launchers: dict[str, str] = {}
+    if args.dump_launchers:
+        _record_launchers(launchers)
 
     t = time.perf_counter()
     bc = _load_build_cache()
@@ -156,6 +177,9 @@ def main(argv: list[str] | None = None) -> int:
             results[name] = workloads[name](torch)
             seconds[name] = time.perf_counter() - t
     wall = time.time() - args.t0
+
+    if args.dump_launchers:
+        Path(args.dump_launchers).write_text(json.dumps(launchers, indent=1, sort_keys=True))
 
     if args.save_mega:
         saved = torch.compiler.save_cache_artifacts()
