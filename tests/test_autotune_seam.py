@@ -48,3 +48,25 @@ def test_retune_keeps_torch_behaviour(tmp_path: Path) -> None:
     assert _run(tmp_path / "a.db", "retune") == "False True"
     assert _run(tmp_path / "a.db", "default", env_retune="1") == "False True"
     assert _run(tmp_path / "a.db", "no-retune", env_retune="1") == "True True"  # the argument wins
+
+
+_WORKER_ENV_CHILD = r"""
+import subprocess, sys
+import torch
+import cachedb
+from torch._inductor.utils import python_subprocess_env
+cachedb.install(sys.argv[1])
+env = python_subprocess_env()  # what Inductor gives its compile workers
+probe = "import torch, cachedb.live as l, os; print(l.is_installed(), os.environ.get('TRITON_CACHE_MANAGER'))"
+print(subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True).stdout.strip())
+"""
+
+
+def test_inductor_compile_workers_activate_cachedb(tmp_path: Path) -> None:
+    """Inductor starts its workers with PYTHONPATH = the parent's sys.path (not $PYTHONPATH):
+    the bootstrap must be on sys.path, or workers keep torch's own best-config files."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CACHEDB_", "TRITON_"))}
+    proc = subprocess.run([sys.executable, "-c", _WORKER_ENV_CHILD, str(tmp_path / "w.db")],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == "True cachedb.live._triton_cache:CacheDBTritonCacheManager"

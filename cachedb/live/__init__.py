@@ -15,6 +15,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -40,6 +41,9 @@ ENV_RETUNE = "CACHEDB_RETUNE"
 #: Triton's cache-manager variable (``triton.knobs.cache.manager_class``) and cachedb's value.
 ENV_TRITON_MANAGER = "TRITON_CACHE_MANAGER"
 TRITON_MANAGER_SPEC = "cachedb.live._triton_cache:CacheDBTritonCacheManager"
+
+#: torch's override of its compile workers' ``PYTHONPATH`` (torch/_inductor/utils.py).
+ENV_TORCH_PYTHONPATH = "TORCH_CUSTOM_PYTHONPATH"
 
 #: The directory holding cachedb's ``sitecustomize.py`` (activation in child processes).
 BOOTSTRAP_DIR = str(Path(__file__).resolve().parent.parent / "_bootstrap")
@@ -67,6 +71,11 @@ def child_environment(location: str, base: dict[str, str] | None = None) -> dict
         env[ENV_TRITON_MANAGER] = TRITON_MANAGER_SPEC
     paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != BOOTSTRAP_DIR]
     env["PYTHONPATH"] = os.pathsep.join([BOOTSTRAP_DIR, *paths])
+    # Inductor's compile workers get PYTHONPATH = $TORCH_CUSTOM_PYTHONPATH, else the parent's
+    # sys.path (torch/_inductor/utils.py python_subprocess_env), not $PYTHONPATH.
+    if env.get(ENV_TORCH_PYTHONPATH):
+        custom = [p for p in env[ENV_TORCH_PYTHONPATH].split(os.pathsep) if p and p != BOOTSTRAP_DIR]
+        env[ENV_TORCH_PYTHONPATH] = os.pathsep.join([BOOTSTRAP_DIR, *custom])
     return env
 
 
@@ -124,7 +133,8 @@ def install(
         _seams.apply(patches)
         previous = {
             k: os.environ.get(k)
-            for k in ("CACHEDB_PATH", "CACHEDB_URL", ENV_ENABLE, "PYTHONPATH", ENV_TRITON_MANAGER)
+            for k in ("CACHEDB_PATH", "CACHEDB_URL", ENV_ENABLE, "PYTHONPATH", ENV_TRITON_MANAGER,
+                      ENV_TORCH_PYTHONPATH)
         }
         child = child_environment(location)
         user_manager = os.environ.get(ENV_TRITON_MANAGER)
@@ -138,6 +148,10 @@ def install(
                 os.environ[key] = child[key]
             else:
                 os.environ.pop(key, None)
+        # Inductor starts its compile workers with the parent's sys.path as PYTHONPATH: put the
+        # bootstrap there too, so they activate cachedb (best configs, timings, kernels).
+        if BOOTSTRAP_DIR not in sys.path:
+            sys.path.insert(0, BOOTSTRAP_DIR)
         _active = (store, patches, previous)
         _register_exit()
         store.safely("opening the database", None, lambda: store.db)
@@ -192,6 +206,8 @@ def uninstall() -> None:
             return
         store, patches, previous = _active
         _seams.restore(patches)
+        while BOOTSTRAP_DIR in sys.path:
+            sys.path.remove(BOOTSTRAP_DIR)
         for key, value in previous.items():
             if value is None:
                 os.environ.pop(key, None)
