@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +24,7 @@ from sqlalchemy.exc import DatabaseError
 
 from . import _local_cache_doc as doc
 from ._errors import ExportError
+from ._files import write_atomic
 from ._triton_layout import EXPORT_DIR, GROUP_PREFIX, relocate_group
 from .db import CacheDB
 
@@ -43,15 +43,7 @@ def _write_atomic(path: Path, data: bytes) -> bool:
     try:
         if path.is_file() and path.stat().st_size == len(data) and path.read_bytes() == data:
             return False
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_atomic(path, data)
     except OSError as exc:
         raise ExportError(f"{path}: cannot write: {exc.strerror or exc}") from exc
     return True
@@ -129,7 +121,7 @@ def _export(db: CacheDB, target: str | os.PathLike[str], *, prefer_host: str | N
             put("cutlass_op_list", f"configs_{request_key}.json", data)
 
         triton_dir = resolved_root / EXPORT_DIR
-        cpp: dict[str, tuple[str, bytes]] = {}
+        chosen = repos.artifacts.cpp_hosts(prefer_host)
         for f in repos.artifacts.iter_all():
             if f.kind == "triton":
                 data = f.data
@@ -139,10 +131,6 @@ def _export(db: CacheDB, target: str | os.PathLike[str], *, prefer_host: str | N
                     except ValueError:
                         pass  # not a group file after all: written as stored
                 put("triton_kernel_file", f"{EXPORT_DIR}/{f.key}/{f.name}", data)
-            elif f.kind == "cpp":
-                rel = f"{f.key[1:3]}/{f.name}"
-                if rel not in cpp or f.host_key == prefer_host:
-                    cpp[rel] = (f.host_key, f.data)
-        for rel, (_, data) in sorted(cpp.items()):
-            put("cpp_kernel", rel, data)
+            elif f.kind == "cpp" and chosen.get((f.key, f.name)) == f.host_key:
+                put("cpp_kernel", f"{f.key[1:3]}/{f.name}", f.data)
     return report

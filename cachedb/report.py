@@ -546,22 +546,12 @@ def render_html(data: ReportData, *, max_groups: int = DEFAULT_MAX_GROUPS, plotl
 
 def write_html(db: CacheDB, out: str | Path, *, max_groups: int = DEFAULT_MAX_GROUPS) -> Path:
     """Write the HTML report of ``db`` to ``out`` (atomically) and return its path."""
-    import os
-    import tempfile
+    from ._files import write_atomic
 
     document = render_html(collect(db), max_groups=max_groups)
     target = Path(out).expanduser().resolve()
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(document)
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_atomic(target, document.encode("utf-8"), mode=0o644)
     except OSError as exc:
         raise ReportError(f"{out}: cannot write the report: {exc.strerror or exc}") from exc
     return target

@@ -27,10 +27,6 @@ ROOT = Path(__file__).resolve().parents[1]
 TRITON_CHILD = Path(__file__).resolve().parent / "_triton_child.py"
 
 
-def _files(*names_and_bytes: tuple[str, bytes]) -> list[tuple[str, bytes]]:
-    return list(names_and_bytes)
-
-
 # -- repository (SQLite and PostgreSQL) ---------------------------------------------------------
 
 

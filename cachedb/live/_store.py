@@ -350,30 +350,12 @@ class LiveStore:
         return self.safely("CUTLASS op list lookup", None, read)
 
 
-class LazyLocalCache(dict):  # type: ignore[type-arg]
-    """The ``"cache"`` object of ``cache/<system hash>``, loaded one top-level key at a time.
-
-    ``CacheBase.get_local_cache()`` returns one of these; ``PersistentCache.lookup`` and
-    ``LocalCache`` only ever touch the keys they need (``in``, ``[]``, ``get``,
-    ``setdefault``), so a lookup costs one indexed query instead of reading every timing.
-    ``served`` keeps what was handed out, so ``update_local_cache`` writes only the changes.
-    """
-
-    def __init__(self, store: LiveStore, system_hash: str) -> None:
-        super().__init__()
-        self._store = store
-        self._system_hash = system_hash
-        self._loaded: set[str] = set()
-        self.served: dict[str, Any] = {}
+class _LazyDict(dict):  # type: ignore[type-arg]
+    """A dict that loads a key on first access through ``_ensure(key)`` (subclasses define
+    it): the point accesses torch makes (``in``, ``[]``, ``get``, ``setdefault``, ``pop``)."""
 
     def _ensure(self, key: Any) -> None:
-        if not isinstance(key, str) or key in self._loaded:
-            return
-        self._loaded.add(key)
-        found, value = self._store.load_top_level(self._system_hash, key)
-        if found:
-            dict.__setitem__(self, key, value)
-            self.served[key] = value if isinstance(value, LazyOpTimings) else copy.deepcopy(value)
+        raise NotImplementedError
 
     def __contains__(self, key: object) -> bool:
         self._ensure(key)
@@ -399,6 +381,33 @@ class LazyLocalCache(dict):  # type: ignore[type-arg]
         self._ensure(key)
         return dict.pop(self, key, *default)
 
+
+class LazyLocalCache(_LazyDict):
+    """The ``"cache"`` object of ``cache/<system hash>``, loaded one top-level key at a time.
+
+    ``CacheBase.get_local_cache()`` returns one of these; ``PersistentCache.lookup`` and
+    ``LocalCache`` only ever touch the keys they need (``in``, ``[]``, ``get``,
+    ``setdefault``), so a lookup costs one indexed query instead of reading every timing.
+    ``served`` keeps what was handed out, so ``update_local_cache`` writes only the changes.
+    """
+
+    def __init__(self, store: LiveStore, system_hash: str) -> None:
+        super().__init__()
+        self._store = store
+        self._system_hash = system_hash
+        self._loaded: set[str] = set()
+        self.served: dict[str, Any] = {}
+
+    def _ensure(self, key: Any) -> None:
+        if not isinstance(key, str) or key in self._loaded:
+            return
+        self._loaded.add(key)
+        found, value = self._store.load_top_level(self._system_hash, key)
+        if found:
+            dict.__setitem__(self, key, value)
+            self.served[key] = value if isinstance(value, LazyOpTimings) else copy.deepcopy(value)
+
+
     def mark_written(self) -> None:
         """After a write: what is in memory now is what the database holds for these keys."""
         served: dict[str, Any] = {}
@@ -411,7 +420,7 @@ class LazyLocalCache(dict):  # type: ignore[type-arg]
         self.served = served
 
 
-class LazyOpTimings(dict):  # type: ignore[type-arg]
+class LazyOpTimings(_LazyDict):
     """``cache[op]`` of an op with stored timings, loaded one inputs key at a time.
 
     ``PersistentCache.lookup`` reads ``cache.get(op, {}).get(inputs_key, {}).get(precision,
@@ -460,30 +469,6 @@ class LazyOpTimings(dict):  # type: ignore[type-arg]
             dict.__setitem__(self, key, value)
         self._loaded.update(stored)
 
-    # point access: one inputs key
-    def __contains__(self, key: object) -> bool:
-        self._ensure(key)
-        return dict.__contains__(self, key)
-
-    def __getitem__(self, key: str) -> Any:
-        self._ensure(key)
-        return dict.__getitem__(self, key)
-
-    def get(self, key: str, default: Any = None) -> Any:
-        self._ensure(key)
-        return dict.get(self, key, default)
-
-    def setdefault(self, key: str, default: Any = None) -> Any:
-        self._ensure(key)
-        return dict.setdefault(self, key, default)
-
-    def __setitem__(self, key: str, value: Any) -> None:
-        self._ensure(key)
-        dict.__setitem__(self, key, value)
-
-    def pop(self, key: str, *default: Any) -> Any:
-        self._ensure(key)
-        return dict.pop(self, key, *default)
 
     def __delitem__(self, key: str) -> None:
         self._ensure(key)

@@ -223,6 +223,17 @@ class KernelArtifactRepository:
         for k, host, key, name, digest, blob, size in self.session.execute(stmt.execution_options(yield_per=64)):
             yield KernelFile(k, host, key, name, _unpack(blob, size, digest, f"{k}/{key}/{name}"))
 
+    def cpp_hosts(self, prefer_host: str | None = None) -> dict[tuple[str, str], str]:
+        """For each stored C++ library ``(key, name)``, the host key to export: ``prefer_host``
+        where it is stored, else the first in host-key order (metadata only, no payloads)."""
+        chosen: dict[tuple[str, str], str] = {}
+        for host, key, name in self.session.execute(
+            select(_A.c.host_key, _A.c.key, _A.c.name).where(_A.c.kind == "cpp").order_by(_A.c.host_key)
+        ):
+            if (key, name) not in chosen or host == prefer_host:
+                chosen[(key, name)] = host
+        return chosen
+
     def check_blobs(self) -> Iterator[tuple[str, str]]:
         """``(sha256, reason)`` of every blob whose frame does not decompress to bytes of its
         size and SHA-256 (``cachedb verify``)."""
