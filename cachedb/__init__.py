@@ -23,6 +23,7 @@ from ._errors import (
     PickleScanError,
     QueryError,
     SchemaTooNewError,
+    SchemaTooOldError,
     TorchUnavailableError,
 )
 from .db import CacheDB, Repos
@@ -48,6 +49,7 @@ __all__ = [
     "QueryError",
     "Repos",
     "SchemaTooNewError",
+    "SchemaTooOldError",
     "TorchUnavailableError",
     "__version__",
     "install",

@@ -6,6 +6,7 @@ above it speaks portable SQLAlchemy and runs on PostgreSQL too.
 
 from __future__ import annotations
 
+import math
 import os
 import random
 import sqlite3
@@ -180,8 +181,15 @@ def begin_immediate(dbapi_conn: sqlite3.Connection, busy_timeout_s: float) -> No
         dbapi_conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
 
 
-def create_cachedb_engine(url: URL, *, busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S) -> Engine:
+def create_cachedb_engine(
+    url: URL, *, busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S, network_timeout_s: float | None = None
+) -> Engine:
     """An engine for ``url`` set up for cachedb (see :func:`_setup_sqlite` for SQLite).
+
+    ``network_timeout_s`` (seconds; a server database, e.g. the remote tier): connecting gives
+    up after it (libpq ``connect_timeout``, whole seconds, at least 1) and so does every
+    statement (PostgreSQL ``statement_timeout``); the pool then does not ping connections on
+    checkout (the caller retries a statement whose connection was lost instead).
 
     Raises :class:`~cachedb.NotADatabaseError` for an SQLite path that holds something else.
     """
@@ -193,6 +201,15 @@ def create_cachedb_engine(url: URL, *, busy_timeout_s: float = DEFAULT_BUSY_TIME
         kwargs["connect_args"] = {"timeout": busy_timeout_s, "check_same_thread": False}
         if path is None:  # in-memory: one connection, or every session sees an empty database
             kwargs["poolclass"] = StaticPool
+    elif network_timeout_s is not None and url.get_backend_name() == "postgresql":
+        options = url.query.get("options")
+        if isinstance(options, tuple):
+            options = " ".join(options)
+        statement_ms = max(1, int(network_timeout_s * 1000))
+        kwargs["connect_args"] = {
+            "connect_timeout": max(1, math.ceil(network_timeout_s)),
+            "options": " ".join(filter(None, [options, f"-c statement_timeout={statement_ms}"])),
+        }
     else:
         kwargs["pool_pre_ping"] = True
     engine = create_engine(url, **kwargs)

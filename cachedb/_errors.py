@@ -56,6 +56,19 @@ class SchemaTooNewError(DatabaseOpenError):
         )
 
 
+class SchemaTooOldError(DatabaseOpenError):
+    """A shared (remote) database is at an older schema revision than this code; it is not
+    upgraded behind its other users' backs (``cachedb --db URL upgrade`` does it)."""
+
+    def __init__(self, where: str, db_revision: str, code_head: str) -> None:
+        self.db_revision = db_revision
+        self.code_head = code_head
+        super().__init__(
+            f"{where}: database schema revision {db_revision!r} is older than this cachedb's "
+            f"{code_head!r}; run `cachedb --db URL upgrade` once for every host sharing it"
+        )
+
+
 class MigrationError(CacheDBError):
     """A schema migration failed; the transaction was rolled back."""
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import threading
 from pathlib import Path
 
 from typing import TYPE_CHECKING
@@ -31,6 +32,10 @@ HEAD_REVISION = "0003"
 
 #: Seconds a process waits for another one's schema upgrade before giving up.
 DEFAULT_UPGRADE_LOCK_TIMEOUT_S = 300.0
+
+#: Alembic's ``context``/``op`` proxies are module-global: one migration at a time per process
+#: (two threads opening two new databases would otherwise run each other's scripts).
+_ALEMBIC_LOCK = threading.Lock()
 
 
 def migrations_dir() -> Path:
@@ -147,7 +152,8 @@ def upgrade(engine: Engine, *, where: str, lock_timeout_s: float = DEFAULT_UPGRA
                 from alembic import command
 
                 try:
-                    command.upgrade(alembic_config(conn), "head")
+                    with _ALEMBIC_LOCK:
+                        command.upgrade(alembic_config(conn), "head")
                 except Exception as exc:
                     raise MigrationError(f"{where}: upgrade from {rev} to {head} failed: {exc}") from exc
         return True
@@ -161,7 +167,7 @@ def downgrade(engine: Engine, revision: str) -> None:
     from alembic import command
 
     with engine.connect().execution_options(**{WRITE_OPTION: True}) as conn:
-        with conn.begin():
+        with conn.begin(), _ALEMBIC_LOCK:
             command.downgrade(alembic_config(conn), revision)
 
 

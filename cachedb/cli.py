@@ -190,6 +190,7 @@ class _Context:
         self.location = location
         self.timeout = timeout
         self.where: str | None = None
+        self.remote: str | None = None
 
     def _resolve(self) -> str:
         location = self.location or default_location()
@@ -313,6 +314,9 @@ def _set_timeout(ctx: click.Context, _param: click.Parameter, value: float | Non
 
 _DB_HELP = ("SQLite file or SQLAlchemy URL; before or after the command. Default: $CACHEDB_URL, "
             "$CACHEDB_PATH, else ~/.cache/cachedb/cachedb.db.")
+_REMOTE_HELP = ("`run` only: a shared database (SQLAlchemy URL, e.g. PostgreSQL) behind --db: local "
+                "misses are looked up there and copied into --db; local writes are copied there. "
+                "Default: $CACHEDB_REMOTE_URL.")
 _TIMEOUT_HELP = f"Seconds to wait for a database another process has locked (default {DEFAULT_TIMEOUT_S:g})."
 
 
@@ -358,9 +362,10 @@ def _fail(message: str) -> None:
 @click.option("--db", "location", metavar="PATH|URL", type=click.Path(path_type=str), help=_DB_HELP)
 @click.option("--timeout", type=click.FloatRange(min=0), default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
               help=_TIMEOUT_HELP)
+@click.option("--remote", "remote", metavar="URL", help=_REMOTE_HELP)
 @click.version_option(__version__, prog_name="cachedb")
 @click.pass_context
-def main(ctx: click.Context, location: str | None, timeout: float) -> None:
+def main(ctx: click.Context, location: str | None, timeout: float, remote: str | None) -> None:
     """cachedb: PyTorch Inductor's caches in one SQLite (or PostgreSQL) database.
 
     --db and --timeout go before or after the command. Commands that read or
@@ -373,6 +378,7 @@ def main(ctx: click.Context, location: str | None, timeout: float) -> None:
       cachedb stats --db inductor.db --format json
     """
     ctx.obj = _Context(location, timeout)
+    ctx.obj.remote = remote
 
 
 @main.command()
@@ -616,18 +622,27 @@ def prune(obj: _Context, max_bytes: str | None, older_than: str | None, vacuum: 
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@click.option("--remote", metavar="URL", help=_REMOTE_HELP)
+@click.option("--remote-timeout", type=click.FloatRange(min=0.1), metavar="SECONDS",
+              help="Seconds a remote connect or statement may take before the remote is skipped "
+                   "(default $CACHEDB_REMOTE_TIMEOUT, else 2).")
 @db_options
 @pass_ctx
-def run(obj: _Context, command: tuple[str, ...]) -> None:
+def run(obj: _Context, command: tuple[str, ...], remote: str | None, remote_timeout: float | None) -> None:
     """Run a program with Inductor's caches served from the database.
 
     The program and every Python process it starts (compile workers) store and find FX
-    graph and AOTAutograd entries, autotune timings, best configs and CUTLASS op lists in
-    the database instead of TORCHINDUCTOR_CACHE_DIR.
+    graph and AOTAutograd entries, autotune timings, best configs, CUTLASS op lists and
+    compiled kernels in the database instead of TORCHINDUCTOR_CACHE_DIR.
+
+    With --remote, a shared database (PostgreSQL) stands behind the local one: a local miss
+    is looked up there and copied into the local file, and what the program writes is
+    copied there in the background. A remote that is down or slow costs one warning.
 
     \b
-    Example:
+    Examples:
       cachedb --db inductor.db run -- python train.py --epochs 1
+      cachedb --db ~/.cache/inductor.db run --remote postgresql+psycopg://cache-host/inductor -- python train.py
     """
     import os
 
@@ -637,7 +652,8 @@ def run(obj: _Context, command: tuple[str, ...]) -> None:
     location = obj.location or default_location()
     if "://" not in location:
         location = os.path.abspath(os.path.expanduser(location))
-    env = child_environment(location)
+    remote = remote or obj.remote
+    env = child_environment(location, remote=remote, remote_timeout_s=remote_timeout)
     try:
         os.execvpe(command[0], list(command), env)
     except OSError as exc:

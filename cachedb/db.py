@@ -78,7 +78,9 @@ class CacheDB:
     ``postgresql+psycopg://127.0.0.1/test``; ``None`` = :func:`default_location`), creates it
     if absent, and upgrades its schema to the code's head revision under a file lock.
     ``signer`` (default: from ``$CACHEDB_HMAC_KEY``, see :mod:`cachedb._signing`) signs what
-    is written and refuses to serve what does not verify.
+    is written and refuses to serve what does not verify. ``network_timeout_s`` bounds, in
+    seconds, connecting to a server database and each statement there (see
+    :func:`~cachedb._engine.create_cachedb_engine`).
 
     Raises:
         NotADatabaseError: the path holds a file that is not SQLite (left untouched).
@@ -94,6 +96,7 @@ class CacheDB:
         upgrade: bool = True,
         busy_timeout_s: float = 30.0,
         signer: Signer | None = None,
+        network_timeout_s: float | None = None,
     ) -> None:
         self.signer = signer if signer is not None else Signer.from_environment()
         raw = location if location is not None else default_location()
@@ -101,7 +104,9 @@ class CacheDB:
             self.url = to_url(raw)
             self.path: Path | None = sqlite_path(self.url)
             self.where = str(self.path) if self.path is not None else self.url.render_as_string(hide_password=True)
-            self.engine: Engine = create_cachedb_engine(self.url, busy_timeout_s=busy_timeout_s)
+            self.engine: Engine = create_cachedb_engine(
+                self.url, busy_timeout_s=busy_timeout_s, network_timeout_s=network_timeout_s
+            )
         except DatabaseOpenError:
             raise
         except (ArgumentError, ValueError, ImportError) as exc:
@@ -131,6 +136,9 @@ class CacheDB:
 
     def check_schema(self) -> None:
         """Raise :class:`~cachedb.SchemaTooNewError` if the database is ahead of the code."""
+        with self.engine.connect() as conn:
+            if _migrate._stamped_revision(conn) == _migrate.HEAD_REVISION:
+                return  # the common case, without importing Alembic
         _migrate._check_known(self.where, self.revision())
 
     def upgrade(self) -> bool:

@@ -4,8 +4,9 @@ Four ways to turn it on (all equivalent):
 
 - ``cachedb.install(path=None)`` in the process, before compiling;
 - ``with cachedb.installed(path): ...`` for a block (the seams are restored after it);
-- ``cachedb run [--db PATH] -- python train.py`` for a whole program;
-- ``CACHEDB_ENABLE=1`` (with ``CACHEDB_PATH`` or ``CACHEDB_URL``) and cachedb's bootstrap
+- ``cachedb run [--db PATH] [--remote URL] -- python train.py`` for a whole program;
+- ``CACHEDB_ENABLE=1`` (with ``CACHEDB_PATH`` or ``CACHEDB_URL``, and ``CACHEDB_REMOTE_URL``
+  for a shared remote tier, :mod:`cachedb.live._remote`) and cachedb's bootstrap
   directory on ``PYTHONPATH``: set by the three above, so processes torch starts (compile
   workers) turn it on too when they import torch.
 """
@@ -24,6 +25,7 @@ from pathlib import Path
 from .._engine import default_location, to_url
 from .._errors import TorchUnavailableError
 from . import _seams
+from ._remote import ENV_REMOTE_TIMEOUT, ENV_REMOTE_URL, DEFAULT_REMOTE_TIMEOUT_S, RemoteTier
 from ._seams import SeamMissingError
 from ._store import DEFAULT_LIVE_TIMEOUT_S, LiveStore
 
@@ -59,13 +61,20 @@ def _location_env(location: str) -> dict[str, str]:
     return {"CACHEDB_URL": url.render_as_string(hide_password=False)}
 
 
-def child_environment(location: str, base: dict[str, str] | None = None) -> dict[str, str]:
+def child_environment(
+    location: str, base: dict[str, str] | None = None, *, remote: str | None = None,
+    remote_timeout_s: float | None = None,
+) -> dict[str, str]:
     """``base`` (default ``os.environ``) plus what makes a child process activate cachedb on
-    ``location`` when it imports torch."""
+    ``location`` (and the remote tier ``remote``, a URL, if given) when it imports torch."""
     env = dict(os.environ if base is None else base)
     env.pop("CACHEDB_PATH", None)
     env.pop("CACHEDB_URL", None)
     env.update(_location_env(location))
+    if remote is not None:
+        env[ENV_REMOTE_URL] = remote
+        if remote_timeout_s is not None:
+            env[ENV_REMOTE_TIMEOUT] = str(remote_timeout_s)
     env[ENV_ENABLE] = "1"
     if not env.get(ENV_TRITON_MANAGER):
         env[ENV_TRITON_MANAGER] = TRITON_MANAGER_SPEC
@@ -85,6 +94,8 @@ def install(
     timeout_s: float | None = None,
     trust: bool = False,
     retune: bool | None = None,
+    remote: str | None = None,
+    remote_timeout_s: float | None = None,
 ) -> LiveStore:
     """Make Inductor store and find its caches in the database at ``path``.
 
@@ -98,6 +109,13 @@ def install(
     Kernels whose best config is stored start with it and are not tuned again at run time
     (:mod:`cachedb.live._autotune`); ``retune=True`` (default ``$CACHEDB_RETUNE == "1"``) keeps
     torch's own behaviour, which re-measures them (the new results are stored).
+
+    ``remote`` (default ``$CACHEDB_REMOTE_URL``): a shared database, e.g.
+    ``postgresql+psycopg://cache-host/inductor``, behind ``path`` (:mod:`cachedb.live._remote`):
+    a local miss is looked up there (one query) and copied into ``path``; what is written to
+    ``path`` is copied there by a background thread (flushed at exit). ``remote_timeout_s``
+    (seconds, default ``$CACHEDB_REMOTE_TIMEOUT`` or 2) bounds connecting and each statement;
+    a remote that is down, slow or refuses writes costs one warning, then ``path`` alone serves.
 
     Compiled kernels are served too: C++ kernel libraries through ``CppCodeCache``'s build
     seams, and Triton's cache through ``TRITON_CACHE_MANAGER`` (set here unless the user set
@@ -122,21 +140,32 @@ def install(
     _setup_trace_log()
     with _lock:
         if _active is not None:
-            if _active[0].location == location:
+            same_remote = (_active[0].remote.url if _active[0].remote else None) == (
+                remote or os.environ.get(ENV_REMOTE_URL) or None
+            )
+            if _active[0].location == location and same_remote:
                 return _active[0]
             uninstall()
         if retune is None:
             retune = os.environ.get(ENV_RETUNE) == "1"
-        store = LiveStore(location, timeout_s=timeout_s, trust=trust)
+        if remote is None:
+            remote = os.environ.get(ENV_REMOTE_URL) or None
+        if remote_timeout_s is None:
+            remote_timeout_s = float(os.environ.get(ENV_REMOTE_TIMEOUT) or DEFAULT_REMOTE_TIMEOUT_S)
+        tier = RemoteTier(remote, timeout_s=remote_timeout_s) if remote else None
+        store = LiveStore(location, timeout_s=timeout_s, trust=trust, remote=tier)
         patches = _seams.build(store, retune=retune)
         has_triton = _seams.triton_available()
         _seams.apply(patches)
         previous = {
             k: os.environ.get(k)
             for k in ("CACHEDB_PATH", "CACHEDB_URL", ENV_ENABLE, "PYTHONPATH", ENV_TRITON_MANAGER,
-                      ENV_TORCH_PYTHONPATH)
+                      ENV_TORCH_PYTHONPATH, ENV_REMOTE_URL, ENV_REMOTE_TIMEOUT)
         }
-        child = child_environment(location)
+        child = child_environment(location, remote=remote, remote_timeout_s=remote_timeout_s if remote else None)
+        if not remote:
+            child.pop(ENV_REMOTE_URL, None)
+            child.pop(ENV_REMOTE_TIMEOUT, None)
         user_manager = os.environ.get(ENV_TRITON_MANAGER)
         if has_triton and user_manager and user_manager != TRITON_MANAGER_SPEC:
             log.warning(
@@ -232,9 +261,12 @@ def installed(
     timeout_s: float | None = None,
     trust: bool = False,
     retune: bool | None = None,
+    remote: str | None = None,
+    remote_timeout_s: float | None = None,
 ) -> Iterator[LiveStore]:
     """``with cachedb.installed("cache.db"): model = torch.compile(model); model(x)``."""
-    store = install(path, timeout_s=timeout_s, trust=trust, retune=retune)
+    store = install(path, timeout_s=timeout_s, trust=trust, retune=retune, remote=remote,
+                    remote_timeout_s=remote_timeout_s)
     try:
         yield store
     finally:

@@ -17,6 +17,7 @@ import threading
 import uuid
 from collections.abc import Sequence
 
+from .. import tier_sync as sync
 from .._errors import CorruptBlobError
 from ..models import utcnow
 from ._store import LiveStore
@@ -80,21 +81,9 @@ class KernelArtifacts:
                 return None
             return self._write_key(kind, host_key, key, directory, files, require, rewrite)
 
-        def read() -> dict[str, bytes] | None:
-            if not self._served():
-                return None
-            try:
-                with self.live.db.lookup() as repos:
-                    files = repos.artifacts.key_files(kind, key, host_key=host_key)
-            except CorruptBlobError as exc:
-                self.live.warn_once(f"{kind} kernel payload check", exc)
-                self._quarantine(exc)
-                return None
-            if not files or (require is not None and require not in files):
-                return None
-            return files
-
-        found = self.live.safely(f"{kind} kernel lookup", None, read)
+        found = self.fetch_key(kind, key, host_key=host_key)
+        if found is not None and require is not None and require not in found:
+            found = None
         log.debug("%s kernel lookup %s: %s", kind, key, f"{len(found)} file(s)" if found else "miss")
         if not found:
             return None
@@ -118,7 +107,8 @@ class KernelArtifacts:
         return written
 
     def fetch_key(self, kind: str, key: str, *, host_key: str = "") -> dict[str, bytes] | None:
-        """The stored files of ``key`` without writing them (``None``: miss or failure)."""
+        """The stored files of ``key`` without writing them (``None``: miss or failure). A
+        local miss is looked up in the remote tier, if there is one (and copied here)."""
 
         def read() -> dict[str, bytes] | None:
             if not self._served():
@@ -131,7 +121,14 @@ class KernelArtifacts:
                 self._quarantine(exc)
                 return None
 
-        return self.live.safely(f"{kind} kernel lookup", None, read)
+        found = self.live.safely(f"{kind} kernel lookup", None, read)
+        if found is None and self.live.remote is not None and self._served_safely():
+            if self.live.pull(sync.kernel(kind, host_key, key)):
+                found = self.live.safely(f"{kind} kernel lookup", None, read)
+        return found
+
+    def _served_safely(self) -> bool:
+        return self.live.safely("kernel lookup", False, self._served)
 
     def materialize_file(self, kind: str, key: str, name: str, directory: str, *, host_key: str = "") -> bool:
         """Write one stored file into ``directory``; False on a miss or a failure."""
@@ -146,6 +143,9 @@ class KernelArtifacts:
                 self.live.warn_once(f"{kind} kernel payload check", exc)
                 self._quarantine(exc)
                 return False
+            if data is None and self.live.pull(sync.kernel(kind, host_key, key)):
+                with self.live.db.lookup() as repos:
+                    data = repos.artifacts.get_file(kind, key, name, host_key=host_key)
             if data is None:
                 return False
             os.makedirs(directory, exist_ok=True)
@@ -185,8 +185,10 @@ class KernelArtifacts:
                 n = repos.artifacts.put_files(kind, key, files, host_key=host_key, fingerprint_id=fp_id)
                 self._take_hits(repos)
             log.debug("%s kernel write %s: %d file(s), %d new", kind, key, len(files), n)
+            return True
 
-        self.live.safely(f"{kind} kernel write", None, write)
+        if self.live.safely(f"{kind} kernel write", False, write):
+            self.live.push(sync.kernel(kind, host_key, key))
 
     # -- hits --------------------------------------------------------------------------------
 
@@ -235,8 +237,8 @@ def for_store(live: LiveStore) -> KernelArtifacts:
 def current() -> KernelArtifacts | None:
     """The kernel artifacts of this process's active store; else, in a process that cachedb
     activation reached only through the environment (``CACHEDB_ENABLE=1`` with
-    ``CACHEDB_PATH``/``CACHEDB_URL``, e.g. a Triton compile in a forked worker), a store
-    opened from it; else ``None`` (Triton and Inductor use their files alone)."""
+    ``CACHEDB_PATH``/``CACHEDB_URL``, and ``CACHEDB_REMOTE_URL`` if set: e.g. a Triton compile
+    in a forked worker), a store opened from it; else ``None`` (Triton and Inductor use their files alone)."""
     global _standalone
     from . import ENV_ENABLE, ENV_TIMEOUT, active_store
     from ._store import DEFAULT_LIVE_TIMEOUT_S
@@ -250,8 +252,10 @@ def current() -> KernelArtifacts | None:
             return None
         with _lock:
             if _standalone is None or _standalone.location != location:
+                from ._remote import from_environment
+
                 timeout = float(os.environ.get(ENV_TIMEOUT) or DEFAULT_LIVE_TIMEOUT_S)
-                _standalone = LiveStore(location, timeout_s=timeout)
+                _standalone = LiveStore(location, timeout_s=timeout, remote=from_environment())
                 atexit.register(_standalone.close)
             store = _standalone
     return for_store(store)

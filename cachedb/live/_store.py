@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from .. import _local_cache_doc as doc
+from .. import tier_sync as sync
 from .._errors import CorruptPayloadError
 from .._trust import untrusted_reason
 from ..db import CacheDB, Repos
@@ -28,6 +29,7 @@ from ..repositories import guarded as guarded_repo
 from ..repositories import local_values as local_values_repo
 from ..repositories import timings as timings_repo
 from ..repositories.timings import next_position
+from ._remote import RemoteTier
 
 log = logging.getLogger("cachedb.live")
 T = TypeVar("T")
@@ -41,10 +43,18 @@ class _Unavailable(Exception):
 
 
 class LiveStore:
-    """The database behind the seams of one process (opened lazily, on first use)."""
+    """The database behind the seams of one process (opened lazily, on first use).
 
-    def __init__(self, location: str, *, timeout_s: float = DEFAULT_LIVE_TIMEOUT_S, trust: bool = False) -> None:
+    ``remote``: a shared database behind this one (:mod:`cachedb.live._remote`): a local miss
+    is looked up there and copied here, and what is written here is copied there.
+    """
+
+    def __init__(
+        self, location: str, *, timeout_s: float = DEFAULT_LIVE_TIMEOUT_S, trust: bool = False,
+        remote: RemoteTier | None = None,
+    ) -> None:
         self.location = location
+        self.remote = remote
         self.timeout_s = timeout_s
         self.trust = trust
         self.pickles_refused: str | None = None
@@ -84,6 +94,8 @@ class LiveStore:
 
     def close(self) -> None:
         self.flush_hits()
+        if self.remote is not None:
+            self.remote.close()  # sends what is queued first (bounded wait)
         with self._lock:
             self.closed = True
             if self._db is not None:
@@ -107,6 +119,22 @@ class LiveStore:
         except Exception as exc:  # the cache must never break a compile
             self.warn_once(what, exc)
             return default
+
+    def pull(self, entry: sync.Entry) -> bool:
+        """After a local miss: copy ``entry`` from the remote tier into the local database.
+        True if rows came (the caller reads the local database again)."""
+        remote = self.remote
+        if remote is None:
+            return False
+        return self.safely("remote lookup", False, lambda: remote.pull(entry, self.db) > 0)
+
+    def push(self, *entries: sync.Entry) -> None:
+        """After a local write: queue ``entries`` for the remote tier (never blocks)."""
+        remote = self.remote
+        if remote is None:
+            return
+        for entry in entries:
+            self.safely("remote write", None, lambda: remote.push(entry, self.db))
 
     def _known_fingerprint_id(self) -> int | None:
         """This process's fingerprint id if already recorded (no database access)."""
@@ -149,7 +177,12 @@ class LiveStore:
 
         found = self.safely(f"{kind} lookup", [], read)
         log.debug("%s lookup %s: %d variant(s)", kind, key, len(found))
-        return iter(found)
+        yield from found
+        # Inductor stops at the first variant whose guards hold: the remote tier is asked only
+        # when no local one did.
+        if self.remote is not None and self.pull(sync.guarded(kind, key)):
+            seen = {variant for variant, _ in found}
+            yield from (c for c in self.safely(f"{kind} lookup", [], read) if c[0] not in seen)
 
     def _quarantine(self, kind: str, key: str, corrupt: list[tuple[str, str]]) -> None:
         """Move corrupt variants aside (kept for ``cachedb verify``) and count the misses in
@@ -211,8 +244,10 @@ class LiveStore:
                     repos.guarded.put_prepared(prepared)
                     self._take_hits(repos)
             log.debug("%s write %s", kind, key)
+            return True
 
-        self.safely(f"{kind} write", None, write)
+        if self.safely(f"{kind} write", False, write):
+            self.push(sync.guarded(kind, key))
 
     # -- autotune timings and LocalCache values ----------------------------------------------
 
@@ -233,6 +268,10 @@ class LiveStore:
             return local_values_repo.namespace_value(rows, key)
 
         found = self.safely("autotune/LocalCache lookup", (False, None), read)
+        if not found[0] and self.remote is not None and (
+            self.pull(sync.timings_of_op(system_hash, key)) or self.pull(sync.local_values(system_hash, key))
+        ):
+            found = self.safely("autotune/LocalCache lookup", (False, None), read)
         log.debug("local cache lookup %s (system %s): %s", key, system_hash[:8], "hit" if found[0] else "miss")
         return found
 
@@ -246,6 +285,13 @@ class LiveStore:
             return timings_repo.per_precision(self.db.kept.fetch(stmt, params)) or None
 
         found = self.safely("autotune/LocalCache lookup", None, read)
+        if found is None and self.remote is not None:
+            inputs, hint = split_inputs_key(inputs_key)
+            # an op pulled whole (load_top_level) holds every inputs key the remote had
+            if sync.timings_of_op(system_hash, op) not in self.remote._asked and self.pull(
+                sync.timings(system_hash, op, inputs, hint)
+            ):
+                found = self.safely("autotune/LocalCache lookup", None, read)
         log.debug("timings lookup %s %s: %s", op, inputs_key[:40], "hit" if found is not None else "miss")
         return found
 
@@ -306,6 +352,12 @@ class LiveStore:
                     repos.local_values.add_leaves(
                         fp_id, [doc.ValueLeaf(v.key_path, v.value, start + i) for i, v in enumerate(values)]
                     )
+            if self.remote is not None and self._fingerprint is not None:
+                system_hash = self._fingerprint[2]
+                self.push(
+                    *dict.fromkeys(sync.timings(system_hash, op, inputs, hint) for op, inputs, hint, _ in groups),
+                    *dict.fromkeys(sync.local_values(system_hash, v.key_path[0]) for v in values),
+                )
 
         self.safely("autotune/LocalCache write", None, write)
 
@@ -321,6 +373,8 @@ class LiveStore:
             return best_configs_repo.checked_content(db.signer, key, content, signature).encode("utf-8")
 
         found = self.safely("best config lookup", None, read)
+        if found is None and self.pull(sync.best_config(key)):
+            found = self.safely("best config lookup", None, read)
         log.debug("best config lookup %s: %s", key, "hit" if found is not None else "miss")
         return found
 
@@ -337,8 +391,10 @@ class LiveStore:
                 with db.write() as repos:
                     repos.best_configs.put(key, content, fingerprint_id=fp_id, columns=columns)
             log.debug("best config write %s", key)
+            return True
 
-        self.safely("best config write", None, write)
+        if self.safely("best config write", False, write):
+            self.push(sync.best_config(key))
 
     # -- CUTLASS op lists --------------------------------------------------------------------
 
@@ -347,7 +403,10 @@ class LiveStore:
             with self.db.lookup() as repos:
                 return repos.cutlass.get(request_key)
 
-        return self.safely("CUTLASS op list lookup", None, read)
+        found = self.safely("CUTLASS op list lookup", None, read)
+        if found is None and self.pull(sync.cutlass(request_key)):
+            found = self.safely("CUTLASS op list lookup", None, read)
+        return found
 
 
 class _LazyDict(dict):  # type: ignore[type-arg]

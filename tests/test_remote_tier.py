@@ -1,0 +1,361 @@
+"""The remote tier: each machine's SQLite file in front of one shared PostgreSQL.
+
+"Machine A" and "machine B" are two cache dirs and two local SQLite files sharing one remote
+schema on the PostgreSQL server of this machine (a fresh schema per test, dropped after).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+
+from cachedb import CacheDB, _migrate
+from cachedb.fingerprint import current as current_fingerprint
+from cachedb.live import _artifacts
+from cachedb.live._remote import RemoteTier
+from cachedb.live._store import LiveStore
+
+from .conftest import PG_URL
+
+ROOT = Path(__file__).resolve().parents[1]
+BUILDER = ROOT / "examples" / "build_cache.py"
+#: A PostgreSQL URL nothing listens on (port 1 refuses at once).
+DEAD_URL = "postgresql+psycopg://postgres@127.0.0.1:1/test"
+
+
+def _counts(location: str) -> dict[str, int]:
+    db = CacheDB(location, upgrade=False)
+    try:
+        with db.engine.connect() as conn:
+            return {
+                t: int(conn.execute(text(f"SELECT count(*) FROM {t}")).scalar_one())
+                for t in ("guarded_entries", "autotune_timings", "best_configs", "kernel_artifacts",
+                          "kernel_blobs", "local_cache_values", "system_fingerprints")
+            }
+    finally:
+        db.close()
+
+
+# -- the real thing: torch.compile on two machines -------------------------------------------
+
+
+def _run_machine(db: Path, cache_dir: Path, remote: str, *extra: str) -> tuple[dict, str]:
+    """``cachedb --db DB run --remote URL -- python examples/build_cache.py CACHE_DIR --json``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CACHEDB_")}
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir)
+    proc = subprocess.run(
+        [sys.executable, "-m", "cachedb", "--db", str(db), "run", "--remote", remote, *extra, "--",
+         sys.executable, str(BUILDER), str(cache_dir), "--json"],
+        capture_output=True, text=True, env=env, timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
+
+
+@pytest.mark.slow
+def test_machine_b_starts_warm_from_what_machine_a_compiled(tmp_path: Path, pg_url: str) -> None:
+    a, _ = _run_machine(tmp_path / "a.db", tmp_path / "a", pg_url)
+    assert a["counters"]["fxgraph_cache_miss"] == 5 and a["counters"]["autograd_cache_miss"] == 4
+    remote = _counts(pg_url)
+    local_a = _counts(str(tmp_path / "a.db"))
+    # A's exit flushed everything it wrote to the remote
+    for table in ("guarded_entries", "autotune_timings", "best_configs", "kernel_artifacts"):
+        assert remote[table] == local_a[table] > 0, table
+
+    b, _ = _run_machine(tmp_path / "b.db", tmp_path / "b", pg_url)
+    c = b["counters"]
+    assert c["fxgraph_cache_hit"] == 5 and c.get("fxgraph_cache_miss", 0) == 0
+    assert c["autograd_cache_hit"] == 4 and c.get("autograd_cache_miss", 0) == 0
+    assert "select_algorithm_autotune" not in c, "timings must come from the remote"
+    assert not any(k.startswith("benchmarking.") for k in c)
+    assert b["workloads"]["best_config"]["read_before_save"] == {"kwargs": {"XBLOCK": 512}, "num_warps": 2}
+    local_b = _counts(str(tmp_path / "b.db"))
+    for table in ("guarded_entries", "autotune_timings", "best_configs"):
+        assert local_b[table] == remote[table], table
+    assert local_b["kernel_artifacts"] > 0
+
+    # B's local file now holds it all: with the remote gone, a third dir is as warm
+    b2, stderr = _run_machine(tmp_path / "b.db", tmp_path / "b2", DEAD_URL, "--remote-timeout", "1")
+    c2 = b2["counters"]
+    assert c2["fxgraph_cache_hit"] == 5 and c2["autograd_cache_hit"] == 4
+    assert "select_algorithm_autotune" not in c2
+    assert stderr.count("remote cache") <= 2  # one warning per process that tried it
+
+
+# -- each kind through the tiers (real entries of a real Inductor cache) ----------------------
+
+
+def _real_files(cache_dir: Path) -> dict[str, list[tuple[str, str, bytes]]]:
+    """``{"fxgraph"|"aotautograd": [(key, variant, bytes)], "cpp": [(key, name, bytes)],
+    "best_config": [(key, name, bytes)]}`` from a real Inductor cache directory."""
+    out: dict[str, list[tuple[str, str, bytes]]] = {"fxgraph": [], "aotautograd": [], "cpp": [], "best_config": []}
+    for path in sorted((cache_dir / "fxgraph").glob("*/*/*")):
+        out["fxgraph"].append((path.parent.name, path.name, path.read_bytes()))
+    for path in sorted((cache_dir / "aotautograd").glob("*/*")):
+        out["aotautograd"].append((path.parent.name, path.name, path.read_bytes()))
+    for path in sorted(cache_dir.glob("*/*.so")):
+        out["cpp"].append((path.name.split(".")[0][1:], path.name, path.read_bytes()))
+    for path in sorted(cache_dir.rglob("*.best_config")):
+        out["best_config"].append((f"{path.parent.name}/{path.name}", path.name, path.read_bytes()))
+    return out
+
+
+def _timings_doc(cache_dir: Path) -> dict:
+    docs = sorted((cache_dir / "cache").glob("*"))
+    assert docs, "the real cache has autotune timings"
+    return json.loads(docs[0].read_text())["cache"]
+
+
+def _fill_machine_a(a: LiveStore, files: dict, timings: dict) -> None:
+    for kind in ("fxgraph", "aotautograd"):
+        for key, _, data in files[kind]:
+            a.guarded_put(kind, key, data)
+    arts = _artifacts.for_store(a)
+    for key, name, data in files["cpp"]:
+        arts.put_files("cpp", key, [(name, data)], host_key="host-a")
+    for key, _, data in files["best_config"]:
+        a.best_config_put(key, data)
+    cache = a.local_cache(current_fingerprint().system_hash)
+    for op, per_inputs in timings.items():
+        cache.setdefault(op, {}).update(per_inputs)
+    a.write_changes(cache, cache.served)
+
+
+def test_every_kind_goes_through_the_remote(real_cache: tuple[Path, dict], tmp_path: Path, pg_url: str) -> None:
+    cache_dir, _ = real_cache
+    files = _real_files(cache_dir)
+    timings = _timings_doc(cache_dir)
+    assert files["fxgraph"] and files["aotautograd"] and files["cpp"] and files["best_config"]
+
+    a = LiveStore(str(tmp_path / "a.db"), remote=RemoteTier(pg_url))
+    _fill_machine_a(a, files, timings)
+    a.close()  # flushes the queue
+    assert a.remote.counts["failures"] == 0
+    assert _counts(pg_url)["guarded_entries"] == len(files["fxgraph"]) + len(files["aotautograd"])
+
+    tier = RemoteTier(pg_url)
+    b = LiveStore(str(tmp_path / "b.db"), remote=tier)
+    try:
+        # FX graph / AOTAutograd: every variant, byte for byte; one remote query per key
+        for kind in ("fxgraph", "aotautograd"):
+            for key, variant, data in files[kind]:
+                before = tier.counts["lookup_statements"]
+                got = dict(b.guarded_candidates(kind, key))
+                assert got[variant] == data
+                assert tier.counts["lookup_statements"] - before <= 1
+        # kernels: the .so bytes, written where asked
+        arts = _artifacts.for_store(b)
+        for key, name, data in files["cpp"]:
+            got = arts.materialize_key("cpp", key, str(tmp_path / "b_so" / key), host_key="host-a")
+            assert got == {name: data}
+            assert (tmp_path / "b_so" / key / name).read_bytes() == data
+        assert arts.fetch_key("cpp", files["cpp"][0][0], host_key="other-host") is None  # host key kept
+        # best configs
+        for key, _, data in files["best_config"]:
+            assert b.best_config_get(key) == data
+        # autotune timings: what PersistentCache.lookup reads
+        system_hash = current_fingerprint().system_hash
+        cache = b.local_cache(system_hash)
+        for op, per_inputs in timings.items():
+            for inputs_key, per_precision in per_inputs.items():
+                assert cache[op][inputs_key] == per_precision
+        # B's local file holds all of it now: a local hit asks the remote nothing
+        statements = tier.counts["lookup_statements"]
+        for key, _, data in files["best_config"]:
+            assert b.best_config_get(key) == data
+        for key, variant, data in files["fxgraph"]:
+            assert dict(b.guarded_candidates("fxgraph", key))[variant] == data
+        assert tier.counts["lookup_statements"] == statements
+        # a miss in both tiers is asked once per process
+        assert b.best_config_get("zz/none.best_config") is None
+        assert b.best_config_get("zz/none.best_config") is None
+        assert tier.counts["lookup_statements"] == statements + 1
+    finally:
+        b.close()
+    local_b = _counts(str(tmp_path / "b.db"))
+    remote = _counts(pg_url)
+    for table in ("guarded_entries", "autotune_timings", "best_configs", "kernel_artifacts", "kernel_blobs"):
+        assert local_b[table] == remote[table], table
+
+
+def test_kernel_blobs_are_sent_once(real_cache: tuple[Path, dict], tmp_path: Path, pg_url: str) -> None:
+    """The same .so under two host keys: two artifact rows, one blob, on both tiers."""
+    cache_dir, _ = real_cache
+    key, name, data = _real_files(cache_dir)["cpp"][0]
+    a = LiveStore(str(tmp_path / "a.db"), remote=RemoteTier(pg_url))
+    arts = _artifacts.for_store(a)
+    arts.put_files("cpp", key, [(name, data)], host_key="host-a")
+    assert a.remote.flush()
+    sent = a.remote.counts["pushed_rows"]
+    arts.put_files("cpp", key, [(name, data)], host_key="host-b")
+    a.close()
+    assert a.remote.counts["pushed_rows"] == sent + 1  # the artifact row; the blob was there
+    remote = _counts(pg_url)
+    assert remote["kernel_artifacts"] == 2 and remote["kernel_blobs"] == 1
+
+
+# -- faults -----------------------------------------------------------------------------------
+
+
+def test_unreachable_remote_is_one_warning_and_local_only(
+    tmp_path: Path, real_cache: tuple[Path, dict], caplog: pytest.LogCaptureFixture
+) -> None:
+    key, _, data = _real_files(real_cache[0])["best_config"][0]
+    store = LiveStore(str(tmp_path / "a.db"), remote=RemoteTier(DEAD_URL, timeout_s=1.0))
+    with caplog.at_level(logging.WARNING, logger="cachedb.live"):
+        started = time.monotonic()
+        assert store.best_config_get(key) is None  # a miss, not an error
+        store.best_config_put(key, data)
+        assert store.best_config_get(key) == data  # the local file serves
+        assert store.best_config_get("zz/other.best_config") is None
+        store.close()
+        elapsed = time.monotonic() - started
+    warnings = [r for r in caplog.records if "remote cache" in r.getMessage()]
+    assert len(warnings) == 1, [r.getMessage() for r in warnings]
+    assert "127.0.0.1:1" in warnings[0].getMessage()
+    assert elapsed < 10
+    assert _counts(str(tmp_path / "a.db"))["best_configs"] == 1
+
+
+def test_remote_at_an_older_schema_is_left_alone(
+    tmp_path: Path, real_cache: tuple[Path, dict], pg_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    key, _, data = _real_files(real_cache[0])["best_config"][0]
+    old = CacheDB(pg_url)
+    with old.transaction() as repos:
+        repos.best_configs.put(key, data.decode())
+    _migrate.downgrade(old.engine, "0002")
+    old.close()
+    store = LiveStore(str(tmp_path / "a.db"), remote=RemoteTier(pg_url))
+    with caplog.at_level(logging.WARNING, logger="cachedb.live"):
+        assert store.best_config_get(key) is None
+        store.best_config_put(key, data)
+        store.close()
+    messages = [r.getMessage() for r in caplog.records if "remote cache" in r.getMessage()]
+    assert len(messages) == 1 and "older" in messages[0] and "cachedb --db URL upgrade" in messages[0]
+    check = CacheDB(pg_url, upgrade=False)
+    try:
+        assert check.revision() == "0002"  # not upgraded behind its other users' backs
+        with check.engine.connect() as conn:
+            assert conn.execute(text("SELECT count(*) FROM best_configs")).scalar_one() == 1
+    finally:
+        check.close()
+    assert _counts(str(tmp_path / "a.db"))["best_configs"] == 1
+
+
+def test_remote_that_refuses_writes_still_serves_reads(
+    tmp_path: Path, real_cache: tuple[Path, dict], pg_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    files = _real_files(real_cache[0])
+    key, _, data = files["best_config"][0]
+    setup = CacheDB(pg_url)
+    with setup.transaction() as repos:
+        repos.best_configs.put(key, data.decode())
+    schema = pg_url.split("search_path%3D")[1]
+    role = f"cachedb_ro_{uuid.uuid4().hex[:8]}"
+    with setup.engine.begin() as conn:
+        conn.execute(text(f'CREATE ROLE "{role}" LOGIN'))
+        conn.execute(text(f'GRANT USAGE ON SCHEMA "{schema}" TO "{role}"'))
+        conn.execute(text(f'GRANT SELECT ON ALL TABLES IN SCHEMA "{schema}" TO "{role}"'))
+    setup.close()
+    ro_url = pg_url.replace("postgres@", f"{role}@")
+    try:
+        store = LiveStore(str(tmp_path / "a.db"), remote=RemoteTier(ro_url))
+        with caplog.at_level(logging.WARNING, logger="cachedb.live"):
+            assert store.best_config_get(key) == data  # pulled
+            fx_key, _, fx = files["fxgraph"][0]
+            store.guarded_put("fxgraph", fx_key, fx)
+            assert store.remote.flush()
+            store.guarded_put("fxgraph", files["fxgraph"][-1][0], files["fxgraph"][-1][2])
+            store.close()
+        messages = [r.getMessage() for r in caplog.records if "remote cache" in r.getMessage()]
+        assert len(messages) == 1 and "write failed" in messages[0]
+        assert _counts(str(tmp_path / "a.db"))["guarded_entries"] == 2  # kept locally
+        assert _counts(pg_url)["guarded_entries"] == 0
+    finally:
+        admin = create_engine(PG_URL)
+        with admin.begin() as conn:
+            conn.execute(text(f'REVOKE ALL ON ALL TABLES IN SCHEMA "{schema}" FROM "{role}"'))
+            conn.execute(text(f'REVOKE ALL ON SCHEMA "{schema}" FROM "{role}"'))
+            conn.execute(text(f'DROP ROLE "{role}"'))
+        admin.dispose()
+
+
+def test_remote_writer_killed_mid_write_loses_nothing(
+    tmp_path: Path, real_cache: tuple[Path, dict], pg_url: str
+) -> None:
+    """The remote writer's backend is terminated (``pg_terminate_backend``) while its
+    transaction waits on a lock: the batch is rolled back there, sent again on a new
+    connection, and every entry arrives; the local file never misses anything."""
+    files = _real_files(real_cache[0])
+    tier = RemoteTier(pg_url, timeout_s=30.0)
+    store = LiveStore(str(tmp_path / "a.db"), remote=tier)
+    fx_key, _, fx = files["fxgraph"][0]
+    store.guarded_put("fxgraph", fx_key, fx)  # opens the remote, creates its schema
+    assert tier.flush()
+    admin = create_engine(pg_url)
+    locker = admin.connect()
+    locker.begin()
+    locker.execute(text("LOCK TABLE guarded_entries IN ACCESS EXCLUSIVE MODE"))
+    for kind in ("fxgraph", "aotautograd"):
+        for key, _, data in files[kind][1:] if kind == "fxgraph" else files[kind]:
+            store.guarded_put(kind, key, data)
+    killed: list[int] = []
+    deadline = time.monotonic() + 20
+    while not killed and time.monotonic() < deadline:
+        with admin.connect() as conn:
+            pids = conn.execute(text(
+                "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
+            )).scalars().all()
+            for pid in pids:
+                conn.execute(text("SELECT pg_terminate_backend(:p)"), {"p": pid})
+                killed.append(pid)
+        time.sleep(0.05)
+    locker.rollback()
+    locker.close()
+    admin.dispose()
+    assert killed, "the remote writer never waited on the lock"
+    assert tier.flush(30)
+    store.close()
+    expected = len(files["fxgraph"]) + len(files["aotautograd"])
+    assert _counts(str(tmp_path / "a.db"))["guarded_entries"] == expected
+    assert _counts(pg_url)["guarded_entries"] == expected
+
+
+def test_two_machines_pushing_the_same_entries_at_once(
+    tmp_path: Path, real_cache: tuple[Path, dict], pg_url: str
+) -> None:
+    """Both hosts write the same FX entries and best configs: the remote keeps one row each."""
+    files = _real_files(real_cache[0])
+    CacheDB(pg_url).close()  # schema in place before the race
+    stores = [LiveStore(str(tmp_path / f"{m}.db"), remote=RemoteTier(pg_url)) for m in "ab"]
+
+    def fill(store: LiveStore) -> None:
+        for kind in ("fxgraph", "aotautograd"):
+            for key, _, data in files[kind]:
+                store.guarded_put(kind, key, data)
+        for key, _, data in files["best_config"]:
+            store.best_config_put(key, data)
+
+    threads = [threading.Thread(target=fill, args=(s,)) for s in stores]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for s in stores:
+        s.close()
+        assert s.remote.counts["failures"] == 0
+    remote = _counts(pg_url)
+    assert remote["guarded_entries"] == len(files["fxgraph"]) + len(files["aotautograd"])
+    assert remote["best_configs"] == len(files["best_config"])
+    assert remote["system_fingerprints"] == 1
