@@ -29,6 +29,7 @@ from . import (  # noqa: E402
     s5_import,
     s6_concurrency,
     s7_disk,
+    s8_fleet,
 )
 from ._context import Context  # noqa: E402
 from ._report import SectionResult, cachedb_source_digest, machine_info, now_iso, write  # noqa: E402
@@ -37,10 +38,11 @@ from ._report import SectionResult, cachedb_source_digest, machine_info, now_iso
 #: reuses its cold cache directory in quick runs).
 SECTIONS: dict[str, object] = {
     m.NAME: m
-    for m in (s1_warm_start, s2_timings, s3_best_configs, s4_guarded, s5_import, s6_concurrency, s7_disk)
+    for m in (s1_warm_start, s2_timings, s3_best_configs, s4_guarded, s5_import, s6_concurrency, s7_disk,
+              s8_fleet)
 }
 #: Display order (§ numbers of the issue).
-ORDER = ["warm_start", "timings", "best_configs", "guarded", "import", "concurrency", "disk"]
+ORDER = ["warm_start", "timings", "best_configs", "guarded", "import", "concurrency", "disk", "fleet"]
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 

@@ -95,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache-dir", required=True)
     parser.add_argument("--t0", type=float, required=True)
     parser.add_argument("--db")
+    parser.add_argument("--remote", help="cachedb's remote tier URL (with --db: the local file)")
     parser.add_argument("--mega")
     parser.add_argument("--save-mega")
     parser.add_argument("--cachedb-via", choices=["installed", "export"], default="installed")
@@ -167,15 +168,21 @@ def main(argv: list[str] | None = None) -> int:
             with cachedb.CacheDB(args.db) as db:
                 export_cache_dir(db, args.cache_dir)
         else:
-            scope = cachedb.installed(args.db)
+            scope = cachedb.installed(args.db, remote=args.remote)
         seconds["setup"] = time.perf_counter() - t
 
     results: dict[str, Any] = {}
-    with scope:
+    remote_counts: dict[str, int] = {}
+    with scope as store:
         for name in args.models.split(","):
             t = time.perf_counter()
             results[name] = workloads[name](torch)
             seconds[name] = time.perf_counter() - t
+        if store is not None and getattr(store, "remote", None) is not None:
+            t = time.perf_counter()
+            store.remote.flush()
+            seconds["remote_flush"] = time.perf_counter() - t
+            remote_counts = dict(store.remote.counts)
     wall = time.time() - args.t0
 
     if args.dump_launchers:
@@ -201,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
                 "cpp_build_s": round(cpp["s"], 4),
                 "cpp_builds": cpp["n"],
                 "counters": flat,
+                "remote_counts": remote_counts,
                 "phases_s": {k: round(v, 3) for k, v in phases},
                 "ok": all(r.get("ok") for r in results.values()),
             }

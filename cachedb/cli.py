@@ -640,7 +640,7 @@ def run(obj: _Context, command: tuple[str, ...], remote: str | None, remote_time
     copied there in the background. A remote that is down or slow costs one warning.
 
     \b
-    Examples:
+    Example:
       cachedb --db inductor.db run -- python train.py --epochs 1
       cachedb --db ~/.cache/inductor.db run --remote postgresql+psycopg://cache-host/inductor -- python train.py
     """

@@ -1,0 +1,190 @@
+"""§8 Fleet: machine B warm from a shared PostgreSQL, round trips, copy and merge throughput.
+
+Needs the PostgreSQL server named by ``$CACHEDB_BENCH_PG_URL`` (default: this machine's,
+``postgresql+psycopg://postgres@127.0.0.1:5432/test``); each run uses a fresh schema, dropped
+at the end. Without a reachable server the section says so and measures nothing.
+
+Warm start (real ``torch.compile``, a fresh process per sample, §1's CPU workloads):
+
+- **machine A**: an empty cache dir and an empty local SQLite file, ``cachedb.installed(local,
+  remote=PG)``: the cold compile fills the local file and, through the background writer, the
+  remote;
+- **machine B**: per sample a new empty cache dir and a new empty local file, same remote:
+  every lookup misses locally, is pulled from the remote (one query each) and served;
+- **warm local files**: the populated directory of a cold run with torch's own file caches;
+- **B again**: the local file B filled, a new empty dir (local hits only, no round trip).
+
+Round trips: statements B's lookups ran on the remote (``RemoteTier.counts``, counted with a
+SQLAlchemy ``before_cursor_execute`` event), against the FX/AOTAutograd lookups torch made.
+
+Copy and merge (``cachedb.copy``): a synthetic cache (pickled entries, best configs and
+timings; :mod:`benchmarks._payloads`) imported into SQLite, then copied to PostgreSQL, copied
+back to a new SQLite file, and merged into PostgreSQL again (all present: nothing added).
+Payload throughput counts the stored (compressed) bytes moved.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from typing import Any
+
+from ._context import Context
+from ._payloads import synthetic_cache_dir
+from ._report import Row, SectionResult
+from ._stats import summarize
+from .s1_warm_start import _sample
+
+NAME = "fleet"
+TITLE = "Fleet: warm start from a shared PostgreSQL, round trips, copy/merge throughput"
+
+PG_URL = os.environ.get("CACHEDB_BENCH_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+
+
+def _schema_url(schema: str) -> str:
+    sep = "&" if "?" in PG_URL else "?"
+    return f"{PG_URL}{sep}options=-csearch_path%3D{schema}"
+
+
+def _admin(sql: str) -> None:
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(PG_URL)
+    try:
+        with engine.begin() as conn:
+            conn.execute(text(sql))
+    finally:
+        engine.dispose()
+
+
+def _pg_reachable() -> str | None:
+    try:
+        _admin("SELECT 1")
+        return None
+    except Exception as exc:  # noqa: BLE001 - any failure: the section is skipped
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+
+
+def _warm_start(ctx: Context, res: SectionResult, remote: str) -> None:
+    models = "mlp,dynamic" if ctx.quick else "mlp,dynamic,gemm"
+    n = 1 if ctx.quick else 3
+    samples: dict[str, list[dict[str, Any]]] = {}
+
+    def add(case: str, report: dict[str, Any]) -> dict[str, Any]:
+        samples.setdefault(case, []).append(report)
+        ctx.log(f"fleet: {case}: first calls {report['first_call_s']:.1f}s, wall {report['wall_s']:.1f}s, "
+                f"remote {report.get('remote_counts')}")
+        return report
+
+    cold_dir = ctx.tmpdir("fleetcold") / "inductor"
+    add("cold, files", _sample("files", cold_dir, models))
+    a_db = ctx.tmpdir("fleeta") / "a.db"
+    add("machine A: cold, local + remote", _sample("cachedb-cold", ctx.tmpdir("fleetadir") / "inductor", models,
+                                                   db=str(a_db), remote=remote))
+    b_db = None
+    for r in range(n):
+        for case in (["warm local files", "machine B"] if r % 2 == 0 else ["machine B", "warm local files"]):
+            if case == "warm local files":
+                add(case, _sample("files", cold_dir, models))
+            else:
+                b_db = ctx.tmpdir("fleetb") / "b.db"  # a new machine every time: empty local file
+                add(case, _sample("cachedb", ctx.tmpdir("fleetbdir") / "inductor", models, db=str(b_db),
+                                  remote=remote))
+    assert b_db is not None
+    for _ in range(n):
+        add("machine B again (local hits)", _sample("cachedb", ctx.tmpdir("fleetb2") / "inductor", models,
+                                                    db=str(b_db), remote=remote))
+
+    first = {c: summarize([s["first_call_s"] for s in ss], "s") for c, ss in samples.items()}
+    wall = {c: summarize([s["wall_s"] for s in ss], "s") for c, ss in samples.items()}
+    res.rows.append(Row("machine B (empty local file, shared remote), fresh dir: first calls vs warm local files",
+                        first["machine B"], first["warm local files"], "warm local dir", target="≤ 1.2x",
+                        met=first["machine B"].median <= 1.2 * first["warm local files"].median))
+    res.rows.append(Row("machine B, fresh dir: process wall vs warm local files", wall["machine B"],
+                        wall["warm local files"], "warm local dir"))
+    res.rows.append(Row("machine B again (its local file, no round trips), fresh dir: first calls vs warm local",
+                        first["machine B again (local hits)"], first["warm local files"], "warm local dir"))
+    res.rows.append(Row("machine A cold, writing local + remote, vs cold to files: first calls",
+                        first["machine A: cold, local + remote"], first["cold, files"], "cold compile"))
+
+    def lookups(s: dict[str, Any]) -> int:
+        c = s["counters"]
+        return sum(c.get(k, 0) for k in ("fxgraph_cache_hit", "fxgraph_cache_miss", "autograd_cache_hit",
+                                          "autograd_cache_miss"))
+
+    b = samples["machine B"]
+    statements = summarize([s["remote_counts"].get("lookup_statements", 0) for s in b], "statements")
+    pulls = summarize([s["remote_counts"].get("pull", 0) for s in b], "lookups")
+    res.rows.append(Row("machine B: remote statements per remote lookup (all kinds)", statements, pulls,
+                        "remote lookups (local misses)", target="1.0x (one query per lookup)",
+                        met=statements.median <= pulls.median))
+    again = summarize([s["remote_counts"].get("lookup_statements", 0) for s in samples["machine B again (local hits)"]],
+                      "statements")
+    res.rows.append(Row("machine B again: remote statements (all lookups hit the local file)", again,
+                        target="0", met=again.median == 0))
+    res.notes.append(
+        f"machine B (first sample): {lookups(b[0])} FX/AOTAutograd lookups, counters "
+        f"{ {k: v for k, v in b[0]['counters'].items() if k.endswith(('_hit', '_miss', 'autotune'))} }, "
+        f"remote {b[0]['remote_counts']}; machine A: remote {samples['machine A: cold, local + remote'][0]['remote_counts']}."
+    )
+    res.notes.append("PostgreSQL on the same host (loopback): a round trip costs ~0.1 ms here; over a network "
+                     "each remote lookup adds one round trip of that network.")
+
+
+def _copy_throughput(ctx: Context, res: SectionResult, remote: str, remote2: str) -> None:
+    from cachedb import CacheDB
+    from cachedb.copy import copy_database, merge_databases
+    from cachedb.importer import Importer
+
+    n_files, entry_bytes, n_timings = (300, 50_000, 5_000) if ctx.quick else (2_000, 100_000, 50_000)
+    src_dir = ctx.tmpdir("fleetsyn")
+    synthetic_cache_dir(src_dir, n_files, entry_bytes=entry_bytes, timings=n_timings)
+    src = ctx.tmpdir("fleetsrc") / "src.db"
+    with CacheDB(src) as db:
+        Importer(db).run(src_dir)
+
+    def timed(label: str, fn: Any) -> None:
+        t0 = time.perf_counter()
+        report = fn()
+        s = time.perf_counter() - t0
+        mb_s = report.bytes_written / s / 1e6
+        rows_s = report.rows_written / s
+        res.rows.append(Row(f"{label}: payload throughput", summarize([mb_s], "MB/s"), target="≥ 20 MB/s",
+                            met=mb_s >= 20))
+        res.rows.append(Row(f"{label}: rows per second", summarize([rows_s], "rows/s"), target="≥ 20,000 rows/s",
+                            met=rows_s >= 20_000))
+        res.notes.append(f"{label}: {report.rows_written} rows, {report.bytes_written / 1e6:.1f} MB in {s:.2f} s.")
+        ctx.log(f"fleet: {label}: {mb_s:.1f} MB/s, {rows_s:.0f} rows/s")
+
+    timed("copy SQLite -> PostgreSQL", lambda: copy_database(src, remote))
+    back = ctx.tmpdir("fleetback") / "back.db"
+    timed("copy PostgreSQL -> new SQLite file", lambda: copy_database(remote, back))
+    timed("merge SQLite into an empty PostgreSQL", lambda: merge_databases([src], remote2))
+    t0 = time.perf_counter()
+    again = merge_databases([back], remote2)
+    res.notes.append(f"merge of the same rows again: {again.rows_written} rows written, "
+                     f"{time.perf_counter() - t0:.2f} s (natural keys: nothing to add).")
+    res.notes.append(f"Copy source: {n_files} files of ~{entry_bytes // 1000} KB (FX/AOTAutograd pickles, best "
+                     f"configs) and {n_timings} timings, imported into SQLite.")
+
+
+def run(ctx: Context) -> SectionResult:
+    res = SectionResult(NAME, TITLE)
+    why = _pg_reachable()
+    if why is not None:
+        res.notes.append(f"Not measured: PostgreSQL at {PG_URL} is not reachable ({why}).")
+        return res
+    schemas = [f"cachedb_bench_{uuid.uuid4().hex[:10]}" for _ in range(3)]
+    for schema in schemas:
+        _admin(f'CREATE SCHEMA "{schema}"')
+    try:
+        _warm_start(ctx, res, _schema_url(schemas[0]))
+        _copy_throughput(ctx, res, _schema_url(schemas[1]), _schema_url(schemas[2]))
+    finally:
+        for schema in schemas:
+            _admin(f'DROP SCHEMA "{schema}" CASCADE')
+    return res
+
+
+__all__ = ["NAME", "TITLE", "run"]
