@@ -315,6 +315,13 @@ def test_environment_variable_activates_child_processes(tmp_path: Path) -> None:
     assert out.stdout.split() == ["True", str(tmp_path / "env.db")]
     out = subprocess.run([sys.executable, "-c", no_torch], capture_output=True, text=True, env=env, check=True)
     assert out.stdout.split() == ["False", "False"], "nothing is imported until the process imports torch"
+    # Python processes a compile starts that never import torch (Inductor's CPU ISA probe)
+    # do not pay for importing cachedb and SQLAlchemy either
+    bare = "import sys; print(sorted(m for m in ('cachedb', 'sqlalchemy', 'torch') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", bare], capture_output=True, text=True, env=env, check=True)
+    assert out.stdout.strip() == "[]" and out.stderr == ""
+    with_remote = child_environment(str(tmp_path / "env.db"), base=env, remote="postgresql+psycopg://h/db")
+    assert with_remote["CACHEDB_REMOTE_URL"] == "postgresql+psycopg://h/db"
 
 
 def test_best_config_key_is_relative_to_whichever_cache_dir_wrote_it() -> None:

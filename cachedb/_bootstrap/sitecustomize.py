@@ -25,11 +25,23 @@ def _run_next_sitecustomize() -> None:
             return
 
 
+def _arm() -> None:
+    """Load ``cachedb/live/_autoload.py`` by its path, not as ``cachedb.live._autoload``:
+    importing the ``cachedb`` package (SQLAlchemy and all, ~0.4 s) is left to the moment the
+    process imports torch. Most Python processes a compile starts never do (Inductor's CPU
+    ISA probe, compiler checks)."""
+    path = os.path.join(os.path.dirname(_HERE), "live", "_autoload.py")
+    spec = importlib.util.spec_from_file_location("_cachedb_autoload", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.arm()
+
+
 if os.environ.get("CACHEDB_ENABLE") == "1":
     try:
-        from cachedb.live._autoload import arm
-
-        arm()
+        _arm()
     except Exception as exc:  # never break the interpreter's start
         sys.stderr.write(f"cachedb: activation hook failed: {exc}\n")
 

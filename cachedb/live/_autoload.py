@@ -1,4 +1,9 @@
-"""Install cachedb in a process as soon as it has imported torch (``CACHEDB_ENABLE=1``)."""
+"""Install cachedb in a process as soon as it has imported torch (``CACHEDB_ENABLE=1``).
+
+Imports nothing but the standard library until torch is imported: the bootstrap
+(``cachedb/_bootstrap/sitecustomize.py``) loads this file by its path in every Python process
+started under an active cachedb.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +19,9 @@ log = logging.getLogger("cachedb.live")
 
 
 def _install_from_environment() -> None:
-    from . import install
+    # absolute: the bootstrap loads this file by path (as ``_cachedb_autoload``), so that
+    # ``cachedb`` itself is imported only here, once torch is
+    from cachedb.live import install
 
     try:
         install()  # location from CACHEDB_URL / CACHEDB_PATH
