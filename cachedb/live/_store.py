@@ -153,7 +153,8 @@ class LiveStore:
 
     def guarded_candidates(self, kind: str, key: str) -> Iterator[tuple[str, bytes]]:
         """``(variant, pickle bytes)`` of every stored variant of ``key``, in Inductor's order.
-        A corrupt payload is skipped with a warning."""
+        A corrupt payload is skipped with a warning. With a remote tier, the variants only the
+        remote holds follow, fetched (one query) once the local ones are exhausted."""
 
         def read() -> list[tuple[str, bytes]]:
             out = []
