@@ -29,7 +29,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Select, insert, select, update
 
-from .copy import _NATURAL_COLUMNS, _SAME_COLUMNS, _utc
+from .copy import _NATURAL_COLUMNS, _SAME_COLUMNS, _utc, bulk_insert
 from .models import Base
 from .repositories.timings import next_position
 
@@ -118,12 +118,6 @@ class Bundle:
 
     def __bool__(self) -> bool:
         return bool(self.rows)
-
-    @property
-    def payload_bytes(self) -> int:
-        """Bytes of stored payloads carried (zstd frames and blobs)."""
-        n = sum(len(r.get("payload") or b"") for r in self.rows)
-        return n + sum(len(b["payload"]) for b in self.blobs.values())
 
 
 def _statement(entry: Entry, with_blobs: bool) -> Select[Any]:
@@ -292,7 +286,7 @@ def _insert_new(conn: Connection, entry: Entry, table: str, rows: list[dict[str,
         new.sort(key=lambda r: r["position"])
         for i, r in enumerate(new):
             r["position"] = start + i
-    conn.execute(insert(t), new)
+    bulk_insert(conn, t, new)
     return len(new)
 
 
@@ -302,9 +296,16 @@ def _newest_wins(conn: Connection, table: str, rows: list[dict[str, Any]]) -> in
     same = _SAME_COLUMNS[table]
     changed = 0
     new: list[dict[str, Any]] = []
+    narrow = key[-1]  # one query for the bundle's rows: its key paths / best-config keys
+    existing = {
+        tuple(row[2 + len(same):]): row
+        for row in conn.execute(
+            select(t.c.id, t.c.updated_at, *(t.c[c] for c in same), *(t.c[k] for k in key))
+            .where(t.c[narrow].in_(sorted({r[narrow] for r in rows})))
+        )
+    }
     for r in rows:
-        cond = [t.c[k] == r[k] for k in key]
-        found = conn.execute(select(t.c.id, t.c.updated_at, *(t.c[c] for c in same)).where(*cond)).first()
+        found = existing.get(tuple(r[k] for k in key))
         if found is None:
             new.append(r)
         elif any(r[c] != found[2 + i] for i, c in enumerate(same)) and r["updated_at"] > _utc(found.updated_at):
@@ -316,7 +317,7 @@ def _newest_wins(conn: Connection, table: str, rows: list[dict[str, Any]]) -> in
             start = next_position(conn)  # type: ignore[arg-type]
             for i, r in enumerate(sorted(new, key=lambda r: r["position"])):
                 r["position"] = start + i
-        conn.execute(insert(t), new)
+        bulk_insert(conn, t, new)
     return changed + len(new)
 
 

@@ -89,7 +89,7 @@ def test_machine_b_starts_warm_from_what_machine_a_compiled(tmp_path: Path, pg_u
     c2 = b2["counters"]
     assert c2["fxgraph_cache_hit"] == 5 and c2["autograd_cache_hit"] == 4
     assert "select_algorithm_autotune" not in c2
-    assert stderr.count("remote cache") <= 2  # one warning per process that tried it
+    assert stderr.count("remote cache") <= 1  # at most one warning (one process), never an error
 
 
 # -- each kind through the tiers (real entries of a real Inductor cache) ----------------------
@@ -225,6 +225,35 @@ def test_unreachable_remote_is_one_warning_and_local_only(
     assert "127.0.0.1:1" in warnings[0].getMessage()
     assert elapsed < 10
     assert _counts(str(tmp_path / "a.db"))["best_configs"] == 1
+
+
+def test_slow_remote_costs_at_most_its_timeout(
+    tmp_path: Path, real_cache: tuple[Path, dict], pg_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A remote whose lookup hangs (a lock another session holds) is given up after the
+    timeout (PostgreSQL's statement_timeout): a miss, one warning, the local file serves."""
+    key, _, data = _real_files(real_cache[0])["best_config"][0]
+    CacheDB(pg_url).close()
+    admin = create_engine(pg_url)
+    locker = admin.connect()
+    locker.begin()
+    locker.execute(text("LOCK TABLE best_configs IN ACCESS EXCLUSIVE MODE"))
+    try:
+        store = LiveStore(str(tmp_path / "a.db"), remote=RemoteTier(pg_url, timeout_s=1.0))
+        with caplog.at_level(logging.WARNING, logger="cachedb.live"):
+            started = time.monotonic()
+            assert store.best_config_get(key) is None
+            waited = time.monotonic() - started
+            store.best_config_put(key, data)
+            assert store.best_config_get(key) == data
+    finally:
+        locker.rollback()
+        locker.close()
+        admin.dispose()
+    store.close()
+    messages = [r.getMessage() for r in caplog.records if "remote cache" in r.getMessage()]
+    assert len(messages) == 1 and "lookup failed" in messages[0] and "statement timeout" in messages[0]
+    assert 0.9 <= waited < 5
 
 
 def test_remote_at_an_older_schema_is_left_alone(

@@ -138,18 +138,16 @@ def install(
     except ImportError as exc:
         raise TorchUnavailableError(f"cachedb.install needs torch: {exc}") from exc
     _setup_trace_log()
+    if remote is None:
+        remote = os.environ.get(ENV_REMOTE_URL) or None
     with _lock:
         if _active is not None:
-            same_remote = (_active[0].remote.url if _active[0].remote else None) == (
-                remote or os.environ.get(ENV_REMOTE_URL) or None
-            )
-            if _active[0].location == location and same_remote:
+            active_remote = _active[0].remote.url if _active[0].remote is not None else None
+            if _active[0].location == location and active_remote == remote:
                 return _active[0]
             uninstall()
         if retune is None:
             retune = os.environ.get(ENV_RETUNE) == "1"
-        if remote is None:
-            remote = os.environ.get(ENV_REMOTE_URL) or None
         if remote_timeout_s is None:
             remote_timeout_s = float(os.environ.get(ENV_REMOTE_TIMEOUT) or DEFAULT_REMOTE_TIMEOUT_S)
         tier = RemoteTier(remote, timeout_s=remote_timeout_s) if remote else None

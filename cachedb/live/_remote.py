@@ -104,16 +104,22 @@ class RemoteTier:
 
     # -- plumbing -----------------------------------------------------------------------------
 
-    def _warn_once(self, what: str, exc: BaseException, *, seconds: float) -> None:
+    def _warn_once(self, what: str, exc: BaseException, *, seconds: float | None) -> None:
+        """One warning per kind of failure per process. ``seconds``: how long the remote is
+        skipped now (``inf``: for the rest of the process; ``None``: it is not)."""
         self.counts["failures"] += 1
         if what in self._warned:
             log.debug("cachedb: remote %s failed again: %s", what, exc)
             return
         self._warned.add(what)
-        then = "for the rest of this process" if math.isinf(seconds) else f"for {seconds:.0f} s"
+        if seconds is None:
+            then = "the entries it could not take stay in the local cache only"
+        elif math.isinf(seconds):
+            then = "using the local cache only for the rest of this process"
+        else:
+            then = f"using the local cache only for {seconds:.0f} s"
         log.warning(
-            "cachedb: remote cache %s: %s failed (%s: %s); using the local cache only %s "
-            "(further remote %s failures are not logged)",
+            "cachedb: remote cache %s: %s failed (%s: %s); %s (further remote %s failures are not logged)",
             self.where, what, type(exc).__name__, str(exc).strip().splitlines()[0] if str(exc).strip() else "",
             then, what,
         )
@@ -182,6 +188,10 @@ class RemoteTier:
 
     # -- reads --------------------------------------------------------------------------------
 
+    def asked(self, entry: sync.Entry) -> bool:
+        """Whether this process already asked the remote for ``entry`` (or wrote it itself)."""
+        return entry in self._asked
+
     def pull(self, entry: sync.Entry, local: CacheDB) -> int:
         """Copy ``entry`` from the remote into ``local``; the number of rows added (0: the
         remote lacks it, is down, or was already asked by this process). Never raises for
@@ -232,7 +242,7 @@ class RemoteTier:
         except queue.Full:
             self.counts["dropped"] += 1
             self._warn_once("write queue", RuntimeError(f"more than {self.max_pending} entries waiting"),
-                            seconds=0)
+                            seconds=None)
             return
         with self._lock:
             if self._thread is None or not self._thread.is_alive():

@@ -289,7 +289,7 @@ class LiveStore:
         if found is None and self.remote is not None:
             inputs, hint = split_inputs_key(inputs_key)
             # an op pulled whole (load_top_level) holds every inputs key the remote had
-            if sync.timings_of_op(system_hash, op) not in self.remote._asked and self.pull(
+            if not self.remote.asked(sync.timings_of_op(system_hash, op)) and self.pull(
                 sync.timings(system_hash, op, inputs, hint)
             ):
                 found = self.safely("autotune/LocalCache lookup", None, read)
