@@ -61,7 +61,9 @@ import datetime as dt
 import hashlib
 import operator
 import os
+import queue
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -70,6 +72,10 @@ from pathlib import Path
 from typing import Any, Literal, cast
 
 from sqlalchemy import (
+    Select,
+    and_,
+    bindparam,
+    Boolean,
     Column,
     Connection,
     DateTime,
@@ -84,12 +90,16 @@ from sqlalchemy import (
     inspect,
     LargeBinary,
     select,
+    tuple_,
     update,
 )
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.pool import NullPool
 
 from . import _migrate
+from ._bulk import bulk_insert, parse_timestamp, stream
+from ._bulk import utc as _utc
 from ._engine import SQLITE_HEADER, create_cachedb_engine, sqlite_path, to_url
 from ._errors import CacheDBError, CopyError, DatabaseOpenError
 from ._signing import Signer
@@ -114,12 +124,14 @@ TABLES = (
 MARKER_TABLE = "cachedb_copy_in_progress"
 
 #: Default batch bounds: rows, and bytes of row values (payloads included).
-DEFAULT_BATCH_ROWS = 5000
+DEFAULT_BATCH_ROWS = 20000
 DEFAULT_BATCH_BYTES = 16 << 20
 
 _T = {name: Base.metadata.tables[name] for name in TABLES}
 #: The timestamp columns of each table.
 _DATETIMES = {name: tuple(c.name for c in t.c if isinstance(c.type, DateTime)) for name, t in _T.items()}
+#: The boolean columns of each table (SQLite hands back 0/1).
+_BOOLEANS = {name: tuple(c.name for c in t.c if isinstance(c.type, Boolean)) for name, t in _T.items()}
 _UTC = dt.timezone.utc
 _MARKER = Table(
     MARKER_TABLE,
@@ -147,7 +159,7 @@ class TargetNotEmptyError(CopyError):
 @dataclass
 class TableCopy:
     """What one table's rows did. ``bytes`` counts the values of the rows written (bytes of
-    payloads and UTF-8 text as stored, 8 per number or timestamp)."""
+    payloads, characters of text, 8 per number or timestamp)."""
 
     table: str
     read: int = 0  # rows read from the sources
@@ -211,46 +223,51 @@ ProgressCallback = Callable[[CopyProgress], None]
 # --------------------------------------------------------------------------- values
 
 
-def bulk_insert(conn: Connection, table: Table, rows: Sequence[dict[str, Any]]) -> None:
-    """INSERT ``rows`` (dicts with the same keys) into ``table`` in the transaction of ``conn``.
-
-    On PostgreSQL through psycopg 3: one ``COPY ... FROM STDIN`` (psycopg's ``executemany``
-    sends one INSERT per row; COPY streams them, several times faster for small rows). Elsewhere
-    (SQLite): the driver's ``executemany``.
-    """
-    if not rows:
-        return
-    driver = conn.connection.driver_connection
-    if conn.dialect.name == "postgresql" and hasattr(driver, "cursor") and conn.dialect.driver == "psycopg":
-        columns = [c.name for c in table.c if c.name in rows[0]]
-        sql = f"COPY {table.name} ({', '.join(columns)}) FROM STDIN"
-        with driver.cursor() as cursor, cursor.copy(sql) as copy:
-            for row in rows:
-                copy.write_row([row[c] for c in columns])
-        return
-    conn.execute(insert(table), list(rows))
+_END = object()
 
 
-def _utc(value: Any) -> Any:
-    """Datetimes as timezone-aware UTC (SQLite hands back naive UTC, PostgreSQL aware ones
-    in the session's zone); anything else unchanged."""
-    if isinstance(value, dt.datetime):
-        return value.replace(tzinfo=_UTC) if value.tzinfo is None else value.astimezone(_UTC)
-    return value
+def _prefetched(items: Iterator[Any], depth: int = 2) -> Iterator[Any]:
+    """``items``, produced by a reader thread at most ``depth`` ahead of the consumer. An
+    exception of the reader is raised in the consumer; a consumer that stops early (an
+    exception, Ctrl-C) stops the reader and closes ``items`` before this generator ends."""
+    q: queue.Queue[tuple[Any, BaseException | None]] = queue.Queue(maxsize=depth)
+    stop = threading.Event()
 
+    def put(item: Any, exc: BaseException | None = None) -> bool:
+        while not stop.is_set():
+            try:
+                q.put((item, exc), timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
 
-def _size(values: dict[str, Any]) -> int:
-    n = 0
-    for v in values.values():
-        if v is None:
-            continue
-        if isinstance(v, (bytes, bytearray, memoryview)):
-            n += len(v)
-        elif isinstance(v, str):
-            n += len(v.encode("utf-8", "surrogatepass"))
-        else:
-            n += 8
-    return n
+    def work() -> None:
+        try:
+            for item in items:
+                if not put(item):
+                    return
+        except BaseException as exc:  # handed to the consumer, raised there
+            put(_END, exc)
+            return
+        put(_END)
+
+    reader = threading.Thread(target=work, name="cachedb-copy-reader", daemon=True)
+    reader.start()
+    try:
+        while True:
+            item, exc = q.get()
+            if item is _END:
+                if exc is not None:
+                    raise exc
+                return
+            yield item
+    finally:
+        stop.set()
+        reader.join()
+        close = getattr(items, "close", None)
+        if close is not None:
+            close()
 
 
 # --------------------------------------------------------------------------- the source
@@ -393,13 +410,18 @@ class _Source:
         return select(*[c for c in t.c if c.name in self.columns[table]])
 
     def fill(self, table: str, row: dict[str, Any]) -> dict[str, Any]:
-        """``row`` with datetimes in UTC and the columns an older revision lacks filled as its
-        migration would (see the module docstring)."""
+        """``row`` (as the driver read it: :func:`cachedb._bulk.stream`) with timestamps as
+        aware UTC datetimes, booleans as bool, and the columns an older revision lacks filled
+        as its migration would (see the module docstring)."""
         out = row
         for name in _DATETIMES[table]:
             value = out.get(name)
             if value is not None:
-                out[name] = value.replace(tzinfo=_UTC) if value.tzinfo is None else value.astimezone(_UTC)
+                out[name] = parse_timestamp(value)
+        for name in _BOOLEANS[table]:
+            value = out.get(name)
+            if value is not None:
+                out[name] = bool(value)
         if isinstance(out.get("payload"), memoryview):
             out["payload"] = bytes(out["payload"])
         if table == "guarded_entries":
@@ -526,31 +548,48 @@ class _Transfer:
         self.fp: dict[int, int] = {}
         self.blob: dict[int, int] = {}
         self.position_offset = 0
+        #: Read ahead in a thread only for a PostgreSQL DST: the reader's Python work then runs
+        #: while this thread waits on the server. An SQLite DST's inserts release and retake the
+        #: GIL on every row, and a busy reader thread would make each retake wait.
+        self.prefetch = dst.engine.dialect.name != "sqlite"
 
     # -- plumbing -----------------------------------------------------------------------------
 
-    def _batches(self, table: str, stmt: Any = None) -> Iterator[list[tuple[dict[str, Any], int]]]:
-        """Rows of ``table`` (``stmt``: default all, by id) as ``(row, bytes)`` batches."""
+    def _batches(self, table: str, stmt: Any = None, *, prefetch: bool = True) -> Iterator[list[tuple[dict[str, Any], int]]]:
+        """Rows of ``table`` (``stmt``: default all, by id) as ``(row, bytes)`` batches.
+
+        With ``prefetch``, a reader thread reads and prepares the next batch while the caller
+        writes this one (the drivers release the GIL while they wait on the databases): the
+        source connection is the reader's alone until the iteration ends."""
         if not self.src.has(table):
             return
+        batches = self._read(table, stmt)
+        yield from _prefetched(batches) if prefetch and self.prefetch else batches
+
+    def _read(self, table: str, stmt: Any) -> Iterator[list[tuple[dict[str, Any], int]]]:
         t = _T[table]
         stmt = stmt if stmt is not None else self.src.select(table).order_by(t.c.id)
+        names = [c.name for c in stmt.selected_columns]
+        sized = [i for i, c in enumerate(stmt.selected_columns) if isinstance(c.type, (String, LargeBinary))]
+        fixed = 8 * (len(names) - len(sized))
+        fill = self.src.fill
         try:
-            result = self.conn.execution_options(yield_per=min(self.batch_rows, 256)).execute(stmt)
             batch: list[tuple[dict[str, Any], int]] = []
             size = 0
-            for row in result.mappings():
-                values = self.src.fill(table, dict(row))
-                n = _size(values)
-                batch.append((values, n))
-                size += n
-                if len(batch) >= self.batch_rows or size >= self.batch_bytes:
-                    yield batch
-                    batch, size = [], 0
+            for rows in stream(self.conn, stmt, min(self.batch_rows, 2000)):
+                for row in rows:
+                    n = fixed + sum([len(row[i]) for i in sized if row[i] is not None])
+                    batch.append((fill(table, dict(zip(names, row))), n))
+                    size += n
+                    if len(batch) >= self.batch_rows or size >= self.batch_bytes:
+                        yield batch
+                        batch, size = [], 0
             if batch:
                 yield batch
         except DBAPIError as exc:
             raise self.src._wrap(exc, None) from exc
+        except ValueError as exc:  # a timestamp that is not one
+            raise CopyError(f"{self.src.where}: {table}: unreadable value: {exc}") from exc
 
     @contextmanager
     def _write(self) -> Iterator[Connection]:
@@ -592,7 +631,7 @@ class _Transfer:
                 have = self._ids(w, table, column, [v[column] for v, _ in batch])
                 new = [(v, n) for v, n in batch if v[column] not in have]
                 if new:
-                    bulk_insert(w, _T[table], [self._strip(v) for v, _ in new])
+                    bulk_insert(w, _T[table], [v for v, _ in new], exclude=("id",))
                     have.update(self._ids(w, table, column, [v[column] for v, _ in new]))
             for v, _ in batch:
                 mapping[int(v["id"])] = have[v[column]]
@@ -602,28 +641,33 @@ class _Transfer:
 
     # -- tables keyed by their own natural key -----------------------------------------------
 
-    def _keyed(self, table: str, natural: Callable[[dict[str, Any]], tuple], narrow: str,
+    def _keyed(self, table: str, natural: Callable[[dict[str, Any]], tuple],
                remap: Callable[[dict[str, Any]], dict[str, Any] | None]) -> None:
-        """Insert the rows whose natural key DST lacks (DST's rows are kept). ``narrow``: an
-        indexed column whose values in the batch select a superset of the rows to compare."""
+        """Insert the rows whose natural key DST lacks (DST's rows are kept). DST's keys are
+        read for the batch's values of :data:`_NARROW` (the leading columns of an index)."""
         t = _T[table]
         key_cols = [t.c[name] for name in _NATURAL_COLUMNS[table]]
+        narrow = _NARROW[table]
+        stamps = [i for i, c in enumerate(key_cols) if isinstance(c.type, DateTime)]
         for batch in self._batches(table):
             mapped = [(m, n) for m, n in ((remap(v), n) for v, n in batch) if m is not None]
             if self.fresh:
                 with self._write() as w:
-                    bulk_insert(w, t, [self._strip(m) for m, _ in mapped])
+                    bulk_insert(w, t, [m for m, _ in mapped], exclude=("id",))
                 self._added(table, mapped)
                 self.report.tables[table].skipped += len(batch) - len(mapped)
                 self._tick(table, batch)
                 continue
             with self._write() as w:
                 have: set[tuple] = set()
-                values = sorted({m[narrow] for m, _ in mapped})
+                values = list({tuple([m[c] for c in narrow]) for m, _ in mapped})
                 for start in range(0, len(values), 500):
                     chunk = values[start:start + 500]
-                    for row in w.execute(select(*key_cols).where(t.c[narrow].in_(chunk))):
-                        have.add(natural({c.name: _utc(v) for c, v in zip(key_cols, row)}))
+                    for row in w.execute(_matching(w, select(*key_cols), t, narrow, chunk)).all():
+                        key = list(row)  # key_cols: the natural key's order
+                        for i in stamps:
+                            key[i] = _utc(key[i])
+                        have.add(tuple(key))
                 new = []
                 for m, n in mapped:
                     k = natural(m)
@@ -631,7 +675,7 @@ class _Transfer:
                         have.add(k)
                         new.append((m, n))
                 if new:
-                    bulk_insert(w, t, [self._strip(m) for m, _ in new])
+                    bulk_insert(w, t, [m for m, _ in new], exclude=("id",))
             self._added(table, new)
             self.report.tables[table].skipped += len(batch) - len(new)
             self._tick(table, batch)
@@ -641,17 +685,16 @@ class _Transfer:
         """Best configs, LocalCache values: insert what DST lacks; where DST has the key with
         other content, the row with the newer ``updated_at`` wins (a tie keeps DST's)."""
         t = _T[table]
-        narrow = key[-1]
         for batch in self._batches(table):
             mapped = [(m, n) for m, n in ((remap(v), n) for v, n in batch) if m is not None]
             new, replaced = [], []
             with self._write() as w:
                 have: dict[tuple, Any] = {}
                 seen: set[tuple] = set()  # added by this batch: a later duplicate is skipped
-                values = sorted({m[narrow] for m, _ in mapped})
+                values = list({tuple([m[k] for k in key]) for m, _ in mapped})
                 cols = [t.c.id, *(t.c[k] for k in key), t.c.updated_at, *(t.c[c] for c in _SAME_COLUMNS[table])]
                 for start in range(0, len(values), 500):
-                    for row in w.execute(select(*cols).where(t.c[narrow].in_(values[start:start + 500]))):
+                    for row in w.execute(_matching(w, select(*cols), t, key, values[start:start + 500])).all():
                         have[tuple(row[1:1 + len(key)])] = row
                 for m, n in mapped:
                     k = tuple(m[c] for c in key)
@@ -665,7 +708,7 @@ class _Transfer:
                         w.execute(update(t).where(t.c.id == found.id).values({c: m[c] for c in replace_columns}))
                         replaced.append((m, n))
                 if new:
-                    bulk_insert(w, t, [self._strip(m) for m, _ in new])
+                    bulk_insert(w, t, [m for m, _ in new], exclude=("id",))
             self._added(table, new)
             entry = self.report.tables[table]
             entry.replaced += len(replaced)
@@ -705,15 +748,15 @@ class _Transfer:
     def run(self) -> None:
         self._by_natural_key("system_fingerprints", "fingerprint_key", self.fp)
         self._by_natural_key("kernel_blobs", "sha256", self.blob)
-        self._keyed("kernel_artifacts", _natural("kernel_artifacts"), "key", self._artifact)
-        self._keyed("guarded_entries", _natural("guarded_entries"), "key", self._fp_or_none)
+        self._keyed("kernel_artifacts", _natural("kernel_artifacts"), self._artifact)
+        self._keyed("guarded_entries", _natural("guarded_entries"), self._fp_or_none)
         if self.mode == "merge":
             tops = []
             with self.dst.read() as repos:
                 for table in ("autotune_timings", "local_cache_values"):
                     tops.append(repos.session.execute(select(func.max(_T[table].c.position))).scalar())
             self.position_offset = max((int(p) for p in tops if p is not None), default=-1) + 1
-        self._keyed("autotune_timings", _natural("autotune_timings"), "inputs", self._positioned)
+        self._keyed("autotune_timings", _natural("autotune_timings"), self._positioned)
         self._newest_wins("local_cache_values", ("fingerprint_id", "key_path"), self._positioned,
                           lambda m, row: m["value_json"] == row.value_json, ("value_json", "updated_at"))
         self._newest_wins(
@@ -722,7 +765,7 @@ class _Transfer:
              "triton_cache_hash", "kernel_kwargs", "signature", "fingerprint_id", "updated_at"),
         )
         self._cutlass()
-        self._keyed("quarantined_entries", _natural("quarantined_entries"), "key", lambda v: v)
+        self._keyed("quarantined_entries", _natural("quarantined_entries"), lambda v: v)
 
     def _cutlass(self) -> None:
         """Each op list with its ops in one DST transaction (a list is there whole or not)."""
@@ -730,7 +773,7 @@ class _Transfer:
             return
         lists = _T["cutlass_op_lists"]
         has_ops = self.src.has("cutlass_ops")
-        for batch in self._batches("cutlass_op_lists"):
+        for batch in self._batches("cutlass_op_lists", prefetch=False):
             for values, n in batch:
                 with self._write() as w:
                     found = w.execute(select(lists.c.id).where(lists.c.request_key == values["request_key"])).scalar()
@@ -750,7 +793,7 @@ class _Transfer:
     def _copy_ops(self, w: Connection, src_list_id: int, dst_list_id: int) -> None:
         ops = _T["cutlass_ops"]
         stmt = self.src.select("cutlass_ops").where(ops.c.op_list_id == src_list_id).order_by(ops.c.id)
-        for op_batch in self._batches("cutlass_ops", stmt):
+        for op_batch in self._batches("cutlass_ops", stmt, prefetch=False):
             rows = []
             for v, _ in op_batch:
                 v = self._strip(v)
@@ -779,8 +822,32 @@ _NATURAL_COLUMNS = {
     "autotune_timings": ("fingerprint_id", "op", "inputs", "hint_override", "precision", "choice_hash", "recorded_at"),
     "quarantined_entries": ("kind", "key", "variant", "checksum", "quarantined_at"),
 }
+#: The columns of each table :meth:`_Transfer._keyed` handles whose values in a batch select (a
+#: superset of) the DST rows its natural keys could match: an index's leading columns (the
+#: small ``quarantined_entries`` has none).
+_NARROW = {
+    "kernel_artifacts": ("kind", "host_key", "key"),
+    "guarded_entries": ("kind", "key"),
+    "autotune_timings": ("fingerprint_id", "op", "inputs"),
+    "quarantined_entries": ("kind", "key"),
+}
 #: Columns compared to tell whether a newest-wins row changed.
 _SAME_COLUMNS = {"local_cache_values": ("value_json",), "best_configs": ("content",)}
+
+
+def _matching(conn: Connection, stmt: Select[Any], t: Table, columns: Sequence[str],
+              keys: Sequence[tuple[Any, ...]]) -> Select[Any]:
+    """``stmt`` (a SELECT from ``t``) narrowed to the rows whose ``columns`` (none of them
+    nullable) equal one of ``keys``: on PostgreSQL a join with ``unnest`` of one array per
+    column (one parameter each, planned as an index lookup per key; a row-value ``IN`` list
+    is not), elsewhere a row-value ``IN``."""
+    cols = [t.c[c] for c in columns]
+    if conn.dialect.name != "postgresql":
+        return stmt.where(tuple_(*cols).in_(list(keys)))
+    names = [f"k{i}" for i in range(len(cols))]
+    arrays = [bindparam(n, [k[i] for k in keys], type_=ARRAY(c.type)) for i, (n, c) in enumerate(zip(names, cols))]
+    v = func.unnest(*arrays).table_valued(*names).render_derived(name="batch_keys")
+    return stmt.join(v, and_(*(c == v.c[n] for n, c in zip(names, cols))))
 
 
 def _natural(table: str) -> Callable[[dict[str, Any]], tuple]:

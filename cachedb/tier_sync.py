@@ -29,7 +29,9 @@ from typing import Any
 
 from sqlalchemy import Connection, Select, insert, select, update
 
-from .copy import _NATURAL_COLUMNS, _SAME_COLUMNS, _utc, bulk_insert
+from ._bulk import bulk_insert
+from ._bulk import utc as _utc
+from .copy import _NATURAL_COLUMNS, _SAME_COLUMNS
 from .models import Base
 from .repositories.timings import next_position
 

@@ -167,6 +167,15 @@ def test_copy_sqlite_to_postgresql_and_back_is_identical(real_cache: tuple[Path,
     assert export_files(str(back), tmp_path / "x_back") == export_files(str(src), tmp_path / "x_src")
     assert stats(str(back)) == stats(pg_url) == stats(str(src))
     assert file_state(src) == before, "the source was modified"
+    # Rows go through the drivers (cachedb/_bulk.py), not SQLAlchemy: SQLite's stored forms
+    # (timestamps as SQLAlchemy's UTC text, booleans as 0/1, payloads as blobs) are unchanged.
+    raw = "SELECT {} FROM {} ORDER BY {}"
+    for table, cols, order in (("autotune_timings", "recorded_at, typeof(timing_ms), timing_ms", "position, choice_hash"),
+                               ("best_configs", "created_at, updated_at, found_by_coordesc", "key"),
+                               ("guarded_entries", "created_at, last_used_at, guards_known, typeof(payload), payload",
+                                "kind, key, variant")):
+        with sqlite3.connect(src) as a, sqlite3.connect(back) as b:
+            assert a.execute(raw.format(cols, table, order)).fetchall() == b.execute(raw.format(cols, table, order)).fetchall()
     for location in (pg_url, str(back)):
         with CacheDB(location) as db:
             assert MARKER_TABLE not in db.table_names()
@@ -243,6 +252,40 @@ def test_interrupted_copy_continues_without_duplicates(real_cache: tuple[Path, d
     assert dump(db_url) == original
     with CacheDB(db_url) as db:
         assert MARKER_TABLE not in db.table_names()
+
+
+def test_reader_thread_hands_over_errors_and_stops_with_the_consumer() -> None:
+    """copy's read-ahead (``_prefetched``, used for PostgreSQL targets): an exception of the
+    reader reaches the consumer after the items before it; a consumer that stops early stops
+    the reader and closes the source iterator."""
+    from cachedb.copy import _prefetched
+
+    def failing():
+        yield 1
+        yield 2
+        raise ValueError("bad row 3")
+
+    got = []
+    with pytest.raises(ValueError, match="bad row 3"):
+        for item in _prefetched(failing()):
+            got.append(item)
+    assert got == [1, 2]
+
+    closed = []
+
+    def endless():
+        try:
+            n = 0
+            while True:
+                n += 1
+                yield n
+        finally:
+            closed.append(True)
+
+    reader = _prefetched(endless())
+    assert [next(reader) for _ in range(3)] == [1, 2, 3]
+    reader.close()
+    assert closed == [True]
 
 
 def test_older_source_revision_is_read_as_is(real_cache: tuple[Path, dict], tmp_path: Path) -> None:

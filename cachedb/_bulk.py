@@ -1,0 +1,150 @@
+"""Driver-level bulk row I/O for ``copy``, ``merge`` and the fleet tiers' point sync.
+
+SQLAlchemy's per-row work (result rows, type processors, compiled parameters) costs more than
+the databases do when thousands of small rows or megabytes of payloads move between two of
+them; this module moves rows through the DBAPI driver under the caller's SQLAlchemy
+transaction, with the same values SQLAlchemy would have stored:
+
+- :func:`stream` reads the rows of a ``SELECT`` in batches of tuples: SQLite through its own
+  cursor (timestamps as stored: SQLAlchemy's ``YYYY-MM-DD HH:MM:SS.ffffff`` strings, booleans
+  as 0/1), PostgreSQL through a server-side binary cursor (aware datetimes, ``bytea`` as
+  bytes, no hex round trip);
+- :func:`bulk_insert` writes dict rows: PostgreSQL through one binary ``COPY ... FROM STDIN``,
+  SQLite through the driver's ``executemany`` (timestamps formatted as SQLAlchemy's SQLite
+  dialect formats them, UTC); any other database through SQLAlchemy's ``insert``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from sqlalchemy import Connection, DateTime, Select, Table, insert
+
+UTC = dt.timezone.utc
+
+#: PostgreSQL type OIDs of ``(table, columns)`` (built-in types: the same on every server).
+_PG_OIDS: dict[tuple[str, tuple[str, ...]], list[int]] = {}
+_cursor_names = itertools.count()
+
+
+def _psycopg(conn: Connection) -> bool:
+    return conn.dialect.name == "postgresql" and conn.dialect.driver == "psycopg"
+
+
+def utc(value: Any) -> Any:
+    """Datetimes as timezone-aware UTC (naive ones are taken as UTC, which is what SQLite
+    holds); anything else unchanged."""
+    if isinstance(value, dt.datetime):
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    return value
+
+
+def parse_timestamp(value: Any) -> Any:
+    """A stored timestamp as an aware UTC datetime: SQLite's text (``2026-11-23
+    13:38:41.792803``, UTC), or a datetime from either driver; ``None`` stays ``None``.
+
+    Raises ValueError for text that is not an ISO 8601 timestamp."""
+    if isinstance(value, str):
+        parsed = dt.datetime.fromisoformat(value)
+        return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
+    return utc(value)
+
+
+def sqlite_timestamp(value: dt.datetime) -> str:
+    """``value`` (naive = UTC) as SQLAlchemy's SQLite dialect stores a ``DateTime``:
+    ``YYYY-MM-DD HH:MM:SS.ffffff`` in UTC."""
+    if value.tzinfo is not None:
+        value = value.astimezone(UTC).replace(tzinfo=None)
+    return value.isoformat(" ", "microseconds")
+
+
+def stream(conn: Connection, stmt: Select[Any], batch_rows: int) -> Iterator[list[tuple[Any, ...]]]:
+    """The rows of ``stmt`` (a ``SELECT`` whose parameters may be rendered as literals:
+    numbers, strings) in batches of at most ``batch_rows`` tuples, in the transaction of
+    ``conn``; values as the driver returns them (see the module docstring)."""
+    driver = conn.connection.driver_connection
+    if conn.dialect.name == "sqlite" or _psycopg(conn):
+        sql = str(stmt.compile(dialect=conn.dialect, compile_kwargs={"literal_binds": True}))
+        if conn.dialect.name == "sqlite":
+            cursor = driver.cursor()  # type: ignore[union-attr]
+            try:
+                cursor.execute(sql)
+                while rows := cursor.fetchmany(batch_rows):
+                    yield rows
+            finally:
+                cursor.close()
+            return
+        with driver.cursor(name=f"cachedb_stream_{next(_cursor_names)}", binary=True) as cursor:  # type: ignore[union-attr]
+            cursor.itersize = batch_rows
+            cursor.execute(sql)
+            while rows := cursor.fetchmany(batch_rows):
+                yield rows
+        return
+    result = conn.execution_options(yield_per=batch_rows).execute(stmt)
+    for part in result.partitions():
+        yield [tuple(row) for row in part]
+
+
+def _pg_oids(driver: Any, table: Table, names: tuple[str, ...], quoted: str) -> list[int]:
+    key = (table.name, names)
+    oids = _PG_OIDS.get(key)
+    if oids is None:
+        with driver.cursor() as cursor:
+            cursor.execute(f"SELECT {quoted} FROM {table.name} WHERE false")
+            oids = [d.type_code for d in cursor.description]
+        _PG_OIDS[key] = oids
+    return oids
+
+
+def bulk_insert(conn: Connection, table: Table, rows: Sequence[dict[str, Any]], *,
+                exclude: Sequence[str] = ()) -> None:
+    """INSERT ``rows`` (dicts with the same keys; those in ``exclude`` are left out) into
+    ``table`` in the transaction of ``conn``.
+
+    PostgreSQL (psycopg 3): one binary ``COPY ... FROM STDIN`` (psycopg's ``executemany``
+    sends one INSERT per row; text COPY sends ``bytea`` as hex, twice its size). SQLite: the
+    driver's ``executemany`` with SQLAlchemy's stored forms (timestamps as UTC text). Columns
+    the rows lack get no Python-side default on those paths, so rows that lack a column with
+    one go through SQLAlchemy's ``insert``, as does any other database.
+    """
+    if not rows:
+        return
+    first = rows[0]
+    columns = [c for c in table.c if c.name in first and c.name not in exclude]
+    names = tuple(c.name for c in columns)
+    lacking_default = any(c.default is not None and c.name not in first and not c.primary_key for c in table.c)
+    fast = conn.dialect.name == "sqlite" or _psycopg(conn)
+    if lacking_default or not fast or not names:
+        conn.execute(insert(table), [{k: r[k] for k in names} for r in rows])
+        return
+    timestamps = [i for i, c in enumerate(columns) if isinstance(c.type, DateTime)]
+    quote = conn.dialect.identifier_preparer.quote
+    quoted = ", ".join(quote(n) for n in names)
+    driver: Any = conn.connection.driver_connection
+    if conn.dialect.name == "sqlite":
+        values = []
+        for r in rows:
+            row = [r[n] for n in names]
+            for i in timestamps:
+                if isinstance(row[i], dt.datetime):
+                    row[i] = sqlite_timestamp(row[i])
+            values.append(row)
+        sql = f"INSERT INTO {quote(table.name)} ({quoted}) VALUES ({', '.join('?' * len(names))})"
+        driver.executemany(sql, values)
+        return
+    oids = _pg_oids(driver, table, names, quoted)
+    with driver.cursor() as cursor, cursor.copy(f"COPY {quote(table.name)} ({quoted}) FROM STDIN (FORMAT BINARY)") as copy:
+        copy.set_types(oids)
+        for r in rows:
+            row = [r[n] for n in names]
+            for i in timestamps:
+                v = row[i]
+                if v.__class__ is dt.datetime and v.tzinfo is None:
+                    row[i] = v.replace(tzinfo=UTC)
+            copy.write_row(row)
+
+
+__all__ = ["UTC", "bulk_insert", "parse_timestamp", "sqlite_timestamp", "stream", "utc"]
