@@ -6,7 +6,9 @@ entries are pickles of ``AOTAutogradResult`` / ``BundledAOTAutogradResult``
 default ``__reduce_ex__``: ``NEWOBJ`` (or ``REDUCE``) creates the object, a state dict is
 built with ``EMPTY_DICT`` + ``SETITEM(S)``, and ``BUILD`` applies it.
 
-This module never unpickles. It walks the opcode stream (:func:`pickletools.genops`) and
+This module never unpickles. It walks the opcode stream (the frequent binary opcodes decoded
+inline, every other one with :mod:`pickletools`' own argument readers, as
+:func:`pickletools.genops` would) and
 simulates the unpickler's stack, memo and mark stack with inert stand-ins: constants (str,
 int, None, ...) keep their values, dicts keep their items, every created object is an
 :class:`_Obj` that records the global it was made from and the state given to it by
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import io
 import pickletools
+import struct
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +40,9 @@ __all__ = ["EntryFields", "read_entry_fields"]
 
 #: The highest pickle protocol the scanner knows (that of Python 3.8+).
 _HIGHEST_PROTOCOL = 5
+
+#: pickletools' opcode table, by opcode character.
+_CODE2OP = pickletools.code2op
 
 #: Phrases of pickletools' errors that mean "the data ended too early".
 _TRUNCATION_HINTS = ("exhausted before seeing STOP", "not enough data", "but only")
@@ -115,6 +121,15 @@ class _Opaque:
 # --------------------------------------------------------------------------- the walk
 
 
+def _utf8(data: bytes, start: int, end: int, where: str, pos: int) -> str:
+    """``data[start:end]`` decoded as pickle decodes its unicode opcodes (UTF-8, surrogates
+    allowed)."""
+    try:
+        return data[start:end].decode("utf-8", "surrogatepass")
+    except UnicodeDecodeError as exc:
+        raise PickleScanError(where, f"malformed pickle: {exc} (at byte {pos})") from None
+
+
 def _scan_top_level(data: bytes, where: str) -> object:
     """Simulate the unpickler over ``data`` and return the stand-in of the top-level value."""
     stack: list[Any] = []
@@ -143,19 +158,186 @@ def _scan_top_level(data: bytes, where: str) -> object:
             raise fail("stack underflow")
         return stack[-1]
 
-    ops = pickletools.genops(io.BytesIO(data))
+    n = len(data)
+    stream: io.BytesIO | None = None
+    unpack_from = struct.unpack_from
+
+    def truncated(what: str) -> PickleScanError:
+        return PickleScanError(where, f"truncated pickle: not enough data to read {what} (at byte {pos})")
+
     while True:
-        try:
-            opcode, arg, p = next(ops)
-        except StopIteration:
-            # genops only stops after STOP, which returns below; reaching here means no STOP.
-            raise fail("pickle ended before STOP") from None
-        except Exception as exc:  # ValueError (truncated / unknown opcode), UnicodeDecodeError, ...
-            msg = str(exc) or type(exc).__name__
-            what = "truncated" if any(t in msg for t in _TRUNCATION_HINTS) else "malformed"
-            raise PickleScanError(where, f"{what} pickle: {msg}") from None
-        pos = p if p is not None else pos
+        # ---- the frequent binary opcodes, decoded here (pickletools.genops decodes the rest)
+        if pos >= n:
+            raise fail("pickle ended before STOP")
+        code = data[pos]
+        at = pos + 1
+        if code == 0x94:  # MEMOIZE
+            memo[len(memo)] = top()
+            pos = at
+            continue
+        if code == 0x4B:  # BININT1
+            if at >= n:
+                raise truncated("an integer")
+            stack.append(data[at])
+            pos = at + 1
+            continue
+        if code == 0x8C:  # SHORT_BINUNICODE
+            if at >= n:
+                raise truncated("SHORT_BINUNICODE's length")
+            end = at + 1 + data[at]
+            if end > n:
+                raise truncated("SHORT_BINUNICODE's string")
+            stack.append(_utf8(data, at + 1, end, where, pos))
+            pos = end
+            continue
+        if code == 0x85 or code == 0x86 or code == 0x87:  # TUPLE1, TUPLE2, TUPLE3
+            k = code - 0x84
+            if len(stack) < k:
+                raise fail("stack underflow")
+            items = stack[-k:]
+            del stack[-k:]
+            stack.append(tuple(items))
+            pos = at
+            continue
+        if code == 0x71 or code == 0x68:  # BINPUT, BINGET (1-byte memo index)
+            if at >= n:
+                raise truncated("a 1-byte memo index")
+            index = data[at]
+            if code == 0x71:
+                memo[index] = top()
+            else:
+                try:
+                    stack.append(memo[index])
+                except KeyError:
+                    raise fail(f"memo key {index!r} was never stored") from None
+            pos = at + 1
+            continue
+        if code == 0x28:  # MARK
+            metastack.append(stack)
+            stack = []
+            pos = at
+            continue
+        if code == 0x75 or code == 0x73:  # SETITEMS, SETITEM
+            if code == 0x75:
+                items = pop_mark()
+                if len(items) % 2:
+                    raise fail("SETITEMS with an odd number of items")
+            else:
+                value = pop()
+                items = [pop(), value]
+            target = top()
+            if isinstance(target, _Dict):
+                for i in range(0, len(items), 2):
+                    target.set(items[i], items[i + 1])
+            pos = at
+            continue
+        if code == 0x58:  # BINUNICODE
+            if at + 4 > n:
+                raise truncated("BINUNICODE's length")
+            end = at + 4 + unpack_from("<I", data, at)[0]
+            if end > n:
+                raise truncated("BINUNICODE's string")
+            stack.append(_utf8(data, at + 4, end, where, pos))
+            pos = end
+            continue
+        if code == 0x4D or code == 0x4A:  # BININT2, BININT
+            size = 2 if code == 0x4D else 4
+            if at + size > n:
+                raise truncated("an integer")
+            stack.append(unpack_from("<H" if size == 2 else "<i", data, at)[0])
+            pos = at + size
+            continue
+        if code == 0x4E:  # NONE
+            stack.append(None)
+            pos = at
+            continue
+        if code == 0x7D:  # EMPTY_DICT
+            stack.append(_Dict())
+            pos = at
+            continue
+        if code == 0x29:  # EMPTY_TUPLE
+            stack.append(())
+            pos = at
+            continue
+        if code == 0x5D:  # EMPTY_LIST
+            stack.append(_Opaque("EMPTY_LIST"))
+            pos = at
+            continue
+        if code == 0x61:  # APPEND
+            pop()
+            top()
+            pos = at
+            continue
+        if code == 0x65:  # APPENDS
+            pop_mark()
+            top()
+            pos = at
+            continue
+        if code == 0x43 or code == 0x42:  # SHORT_BINBYTES, BINBYTES
+            size = 1 if code == 0x43 else 4
+            if at + size > n:
+                raise truncated("a bytes length")
+            start = at + size
+            end = start + (data[at] if size == 1 else unpack_from("<I", data, at)[0])
+            if end > n:
+                raise truncated("bytes")
+            stack.append(data[start:end])
+            pos = end
+            continue
+        if code == 0x95:  # FRAME (8-byte length; frames change nothing here)
+            if at + 8 > n:
+                raise truncated("FRAME's length")
+            pos = at + 8
+            continue
+        if code == 0x88 or code == 0x89:  # NEWTRUE, NEWFALSE
+            stack.append(code == 0x88)
+            pos = at
+            continue
+        if code == 0x93:  # STACK_GLOBAL
+            qual = pop()
+            module = pop()
+            stack.append(_Global(module, qual))
+            pos = at
+            continue
+        if code == 0x81 or code == 0x52:  # NEWOBJ, REDUCE
+            pop()  # args
+            stack.append(_Obj(pop()))
+            pos = at
+            continue
+        if code == 0x62:  # BUILD
+            state = pop()
+            inst = top()
+            if isinstance(inst, _Obj):
+                _apply_state(inst, state)
+            pos = at
+            continue
+        if code == 0x47:  # BINFLOAT
+            if at + 8 > n:
+                raise truncated("BINFLOAT")
+            stack.append(unpack_from(">d", data, at)[0])
+            pos = at + 8
+            continue
+        if code == 0x2E:  # STOP
+            return pop()
+
+        # ---- every other opcode: pickletools' own argument readers
+        opcode = _CODE2OP.get(chr(code))
+        if opcode is None:
+            raise PickleScanError(where, f"malformed pickle: at position {pos}, opcode {bytes([code])!r} unknown")
+        arg = None
+        if opcode.arg is not None:
+            if stream is None:
+                stream = io.BytesIO(data)
+            stream.seek(at)
+            try:
+                arg = opcode.arg.reader(stream)
+            except Exception as exc:  # ValueError (truncated / bad text), UnicodeDecodeError, ...
+                msg = str(exc) or type(exc).__name__
+                what = "truncated" if any(t in msg for t in _TRUNCATION_HINTS) else "malformed"
+                raise PickleScanError(where, f"{what} pickle: {msg} (at byte {pos})") from None
+            at = stream.tell()
         name = opcode.name
+        pos = at  # errors below name the byte after the opcode
 
         # ---- constants (the arg is the value)
         if name in _CONSTANT_OPS:
