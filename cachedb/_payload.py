@@ -43,14 +43,24 @@ def pack(data: bytes, *, digest: bytes | None = None) -> Packed:
     return Packed(blob=blob, size_bytes=len(data), checksum=hexdigest)
 
 
+_DECOMPRESSOR = threading.local()
+
+
 def unpack(blob: bytes, size_bytes: int, expected_checksum: str, *, where: str) -> bytes:
     """Decompress and verify a stored payload.
 
     Raises :class:`~cachedb.CorruptPayloadError` (naming ``where``) when the frame does not
     decompress, has the wrong size, or its SHA-256 differs from ``expected_checksum``.
+
+    The SHA-256 pass stays on every read: zstd's own frame checksum cannot tell a payload
+    that moved to another row (a self-consistent frame), and serving another entry's graph
+    would be the worst failure a compiler cache can have.
     """
+    decompressor = getattr(_DECOMPRESSOR, "d", None)
+    if decompressor is None:
+        decompressor = _DECOMPRESSOR.d = zstandard.ZstdDecompressor()
     try:
-        data = zstandard.ZstdDecompressor().decompress(bytes(blob), max_output_size=max(size_bytes, 1))
+        data = decompressor.decompress(bytes(blob), max_output_size=max(size_bytes, 1))
     except zstandard.ZstdError as exc:
         raise CorruptPayloadError(where, f"zstd: {exc}") from exc
     if len(data) != size_bytes:
