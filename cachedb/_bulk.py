@@ -38,7 +38,10 @@ def utc(value: Any) -> Any:
     """Datetimes as timezone-aware UTC (naive ones are taken as UTC, which is what SQLite
     holds); anything else unchanged."""
     if isinstance(value, dt.datetime):
-        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+        tz = value.tzinfo
+        if tz is UTC:
+            return value
+        return value.replace(tzinfo=UTC) if tz is None else value.astimezone(UTC)
     return value
 
 
@@ -56,8 +59,9 @@ def parse_timestamp(value: Any) -> Any:
 def sqlite_timestamp(value: dt.datetime) -> str:
     """``value`` (naive = UTC) as SQLAlchemy's SQLite dialect stores a ``DateTime``:
     ``YYYY-MM-DD HH:MM:SS.ffffff`` in UTC."""
-    if value.tzinfo is not None:
-        value = value.astimezone(UTC).replace(tzinfo=None)
+    tz = value.tzinfo
+    if tz is not None:
+        value = (value if tz is UTC else value.astimezone(UTC)).replace(tzinfo=None)
     return value.isoformat(" ", "microseconds")
 
 

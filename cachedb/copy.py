@@ -548,25 +548,32 @@ class _Transfer:
         self.fp: dict[int, int] = {}
         self.blob: dict[int, int] = {}
         self.position_offset = 0
-        #: Read ahead in a thread only for a PostgreSQL DST: the reader's Python work then runs
-        #: while this thread waits on the server. An SQLite DST's inserts release and retake the
-        #: GIL on every row, and a busy reader thread would make each retake wait.
-        self.prefetch = dst.engine.dialect.name != "sqlite"
+        #: What a reader thread does ahead of the writes (:meth:`_batches`).
+        self.prefetch: str | None = (
+            "prepared" if dst.engine.dialect.name != "sqlite" else None if src.sqlite else "fetched")
 
     # -- plumbing -----------------------------------------------------------------------------
 
     def _batches(self, table: str, stmt: Any = None, *, prefetch: bool = True) -> Iterator[list[tuple[dict[str, Any], int]]]:
         """Rows of ``table`` (``stmt``: default all, by id) as ``(row, bytes)`` batches.
 
-        With ``prefetch``, a reader thread reads and prepares the next batch while the caller
-        writes this one (the drivers release the GIL while they wait on the databases): the
-        source connection is the reader's alone until the iteration ends."""
+        With ``prefetch``, a reader thread reads ahead while the caller writes (the drivers
+        release the GIL while they wait on the databases; the source connection is the
+        reader's alone until the iteration ends): for a PostgreSQL DST it also prepares the
+        rows, for an SQLite DST it only fetches from a PostgreSQL SRC. An SQLite DST's
+        inserts release and retake the GIL on every row, and a reader thread busy in Python
+        would make each retake wait, so nothing reads ahead from an SQLite SRC into one."""
         if not self.src.has(table):
             return
-        batches = self._read(table, stmt)
-        yield from _prefetched(batches) if prefetch and self.prefetch else batches
+        if not prefetch or self.prefetch is None:
+            yield from self._read(table, stmt)
+        elif self.prefetch == "prepared":
+            yield from _prefetched(self._read(table, stmt))
+        else:
+            yield from self._read(table, stmt, fetched=_prefetched)
 
-    def _read(self, table: str, stmt: Any) -> Iterator[list[tuple[dict[str, Any], int]]]:
+    def _read(self, table: str, stmt: Any, fetched: Callable[[Iterator[Any]], Iterator[Any]] | None = None
+              ) -> Iterator[list[tuple[dict[str, Any], int]]]:
         t = _T[table]
         stmt = stmt if stmt is not None else self.src.select(table).order_by(t.c.id)
         names = [c.name for c in stmt.selected_columns]
@@ -576,7 +583,8 @@ class _Transfer:
         try:
             batch: list[tuple[dict[str, Any], int]] = []
             size = 0
-            for rows in stream(self.conn, stmt, min(self.batch_rows, 2000)):
+            raw = stream(self.conn, stmt, min(self.batch_rows, 2000))
+            for rows in (fetched(raw) if fetched is not None else raw):
                 for row in rows:
                     n = fixed + sum([len(row[i]) for i in sized if row[i] is not None])
                     batch.append((fill(table, dict(zip(names, row))), n))
