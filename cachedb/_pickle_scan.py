@@ -172,7 +172,9 @@ def _scan_top_level(data: bytes, where: str) -> object:
         code = data[pos]
         at = pos + 1
         if code == 0x94:  # MEMOIZE
-            memo[len(memo)] = top()
+            if not stack:
+                raise fail("stack underflow")
+            memo[len(memo)] = stack[-1]
             pos = at
             continue
         if code == 0x4B:  # BININT1
@@ -187,7 +189,10 @@ def _scan_top_level(data: bytes, where: str) -> object:
             end = at + 1 + data[at]
             if end > n:
                 raise truncated("SHORT_BINUNICODE's string")
-            stack.append(_utf8(data, at + 1, end, where, pos))
+            try:
+                stack.append(data[at + 1:end].decode("utf-8", "surrogatepass"))
+            except UnicodeDecodeError as exc:
+                raise PickleScanError(where, f"malformed pickle: {exc} (at byte {pos})") from None
             pos = end
             continue
         if code == 0x85 or code == 0x86 or code == 0x87:  # TUPLE1, TUPLE2, TUPLE3
