@@ -8,6 +8,12 @@ key (fingerprints by ``fingerprint_key``, kernel blobs by ``sha256``, CUTLASS op
 ``request_key``). Payloads (zstd frames) and signatures are copied as stored: nothing is
 recompressed or re-signed, so a signed database still verifies under its key afterwards.
 
+Rows move through the database drivers (:mod:`cachedb._bulk`: SQLite's cursor or a
+PostgreSQL server-side binary cursor in; a binary ``COPY ... FROM STDIN`` or sqlite3's
+``executemany`` out) with the values SQLAlchemy would have stored, and a reader thread reads
+the next batch while the current one is written where that overlaps (a PostgreSQL DST, or a
+PostgreSQL SRC). ``merge`` finds what DST holds with one indexed query per 500 keys of a batch.
+
 Natural keys decide what DST already holds, so an interrupted run (any exception, Ctrl-C, a
 crash) keeps the batches it committed and a re-run continues where it stopped:
 
