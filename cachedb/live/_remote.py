@@ -11,7 +11,9 @@ puts a :class:`RemoteTier` behind the :class:`~cachedb.live._store.LiveStore`:
 - **Writes**: go to the local file as without a remote, then the entry is queued for a
   background thread that copies it to the remote, many entries per remote transaction
   (bounded queue: :data:`DEFAULT_MAX_PENDING` entries; flushed at exit for at most
-  ``flush_timeout_s`` seconds). Kernel blobs the remote already has are not sent again.
+  ``flush_timeout_s`` seconds). In a :mod:`multiprocessing` child (Inductor's compile
+  workers, which their pool terminates without running exit handlers) each write is sent
+  before the call returns instead. Kernel blobs the remote already has are not sent again.
 - **Faults**: a remote that cannot be reached, answers slower than ``timeout_s`` (connect and
   statement timeouts), refuses a write, or has another schema revision makes the tier step
   aside: one warning, then local only (reads retried after :data:`RETRY_AFTER_S` seconds;
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import math
+import multiprocessing
 import os
 import queue
 import threading
@@ -60,6 +63,14 @@ DEFAULT_MAX_PENDING = 4096
 PUSH_BATCH = 64
 
 _STOP = object()
+
+
+def _in_worker() -> bool:
+    """True in a :mod:`multiprocessing` child process. Inductor's compile workers are ones
+    (a ``ProcessPoolExecutor`` of its compile sidecar), and the sidecar terminates them when it
+    shuts down: neither ``atexit`` nor multiprocessing's finalizers run, so a background queue
+    there would lose what it had not sent yet."""
+    return multiprocessing.parent_process() is not None
 
 
 class RemoteTier:
@@ -232,11 +243,20 @@ class RemoteTier:
     # -- writes -------------------------------------------------------------------------------
 
     def push(self, entry: sync.Entry, local: CacheDB) -> None:
-        """Queue ``entry`` (just written to ``local``) for the remote; never blocks."""
+        """Queue ``entry`` (just written to ``local``) for the remote; never blocks, but in a
+        :mod:`multiprocessing` child (:func:`_in_worker`), where it is sent at once (waits
+        at most the remote's timeout)."""
         self._after_fork()
         if self.closed:
             return
         self._asked.add(entry)  # the local file has it now: no need to ask the remote
+        if _in_worker():
+            try:
+                self._send([(entry, local)])
+            except Exception as exc:  # the local file keeps it
+                self._write_down_until = time.monotonic() + RETRY_AFTER_S
+                self._warn_once("write", exc, seconds=RETRY_AFTER_S)
+            return
         try:
             self._queue.put_nowait((entry, local))
         except queue.Full:
