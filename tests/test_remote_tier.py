@@ -235,6 +235,32 @@ def test_a_compile_worker_write_reaches_the_remote_before_the_worker_is_terminat
         b.close()
 
 
+def _worker_writes_many(local: str, remote: str, worker: int, n: int) -> None:
+    store = LiveStore(local, remote=RemoteTier(remote, timeout_s=30))
+    for i in range(n):
+        data = json.dumps({"XBLOCK": 64, "num_warps": 4, "num_stages": 1, "configs_hash": f"{worker:02d}{i:062d}"})
+        store.best_config_put(f"w{worker}/k{i}.best_config", data.encode())
+    store.close()
+    os._exit(0 if store.remote.counts["failures"] == 0 else 3)
+
+
+def test_compile_workers_writing_at_once_to_an_sqlite_remote_lose_nothing(tmp_path: Path) -> None:
+    """Six forked workers (each its own local file) send at once to one SQLite file as the
+    remote: the remote write takes the write lock at BEGIN (a deferred transaction that reads
+    first got "database is locked" at once on the H100 probe and its entry was lost)."""
+    remote = str(tmp_path / "remote.db")
+    CacheDB(remote).close()
+    ctx = multiprocessing.get_context("fork")
+    workers = [ctx.Process(target=_worker_writes_many, args=(str(tmp_path / f"w{w}.db"), remote, w, 25))
+               for w in range(6)]
+    for p in workers:
+        p.start()
+    for p in workers:
+        p.join(120)
+    assert [p.exitcode for p in workers] == [0] * 6
+    assert _counts(remote)["best_configs"] == 6 * 25
+
+
 # -- faults -----------------------------------------------------------------------------------
 
 

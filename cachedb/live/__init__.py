@@ -219,7 +219,7 @@ def _setup_trace_log() -> None:
     if not path or any(getattr(h, "_cachedb_trace", False) for h in log.handlers):
         return
     handler = logging.FileHandler(path)
-    handler.setFormatter(logging.Formatter(f"%(asctime)s pid={os.getpid()} %(levelname)s %(message)s"))
+    handler.setFormatter(logging.Formatter("%(asctime)s pid=%(process)d %(levelname)s %(message)s"))
     handler._cachedb_trace = True  # type: ignore[attr-defined]
     log.addHandler(handler)
     log.setLevel(logging.DEBUG)

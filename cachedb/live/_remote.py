@@ -312,12 +312,16 @@ class RemoteTier:
         for attempt in (1, 2):
             try:
                 added = 0
-                with db.engine.begin() as conn:
+                # A writer transaction from its BEGIN (SQLite: BEGIN IMMEDIATE, waiting up to the
+                # timeout for the lock): a deferred one that reads first fails at once with
+                # "database is locked" when another writer got in between.
+                with db.write() as repos:
+                    conn = repos.session
                     for bundle in bundles:
                         if bundle.entry.kind == "kernel":
                             missing = sync.missing_blobs(conn, (r["sha256"] for r in bundle.rows))
-                            with entries[bundle.entry].lookup() as repos:
-                                bundle.blobs = sync.fetch_blobs(repos.session, missing)  # type: ignore[arg-type]
+                            with entries[bundle.entry].lookup() as local_repos:
+                                bundle.blobs = sync.fetch_blobs(local_repos.session, missing)  # type: ignore[arg-type]
                         added += sync.store(conn, bundle)
                 self.counts["push"] += len(bundles)
                 self.counts["pushed_rows"] += added
