@@ -92,12 +92,12 @@ def stream(conn: Connection, stmt: Select[Any], batch_rows: int) -> Iterator[lis
         yield [tuple(row) for row in part]
 
 
-def _pg_oids(driver: Any, table: Table, names: tuple[str, ...], quoted: str) -> list[int]:
+def _pg_oids(driver: Any, table: Table, names: tuple[str, ...], quoted_table: str, quoted: str) -> list[int]:
     key = (table.name, names)
     oids = _PG_OIDS.get(key)
     if oids is None:
         with driver.cursor() as cursor:
-            cursor.execute(f"SELECT {quoted} FROM {table.name} WHERE false")
+            cursor.execute(f"SELECT {quoted} FROM {quoted_table} WHERE false")
             oids = [d.type_code for d in cursor.description]
         _PG_OIDS[key] = oids
     return oids
@@ -139,7 +139,7 @@ def bulk_insert(conn: Connection, table: Table, rows: Sequence[dict[str, Any]], 
         sql = f"INSERT INTO {quote(table.name)} ({quoted}) VALUES ({', '.join('?' * len(names))})"
         driver.executemany(sql, values)
         return
-    oids = _pg_oids(driver, table, names, quoted)
+    oids = _pg_oids(driver, table, names, quote(table.name), quoted)
     with driver.cursor() as cursor, cursor.copy(f"COPY {quote(table.name)} ({quoted}) FROM STDIN (FORMAT BINARY)") as copy:
         copy.set_types(oids)
         for r in rows:

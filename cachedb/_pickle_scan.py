@@ -344,35 +344,23 @@ def _scan_top_level(data: bytes, where: str) -> object:
         name = opcode.name
         pos = at  # errors below name the byte after the opcode
 
+        # (the opcodes decoded above never come here)
         # ---- constants (the arg is the value)
         if name in _CONSTANT_OPS:
             if isinstance(arg, bytearray):
                 arg = _Opaque("bytearray")
             stack.append(arg)
-        elif name == "NONE":
-            stack.append(None)
-        elif name == "NEWTRUE":
-            stack.append(True)
-        elif name == "NEWFALSE":
-            stack.append(False)
         # ---- memo
-        elif name == "MEMOIZE":
-            memo[len(memo)] = top()
-        elif name in ("PUT", "BINPUT", "LONG_BINPUT"):
+        elif name in ("PUT", "LONG_BINPUT"):
             if not isinstance(arg, int) or arg < 0:
                 raise fail(f"bad memo index {arg!r}")
             memo[arg] = top()
-        elif name in ("GET", "BINGET", "LONG_BINGET"):
+        elif name in ("GET", "LONG_BINGET"):
             try:
                 stack.append(memo[arg])
             except (KeyError, TypeError):
                 raise fail(f"memo key {arg!r} was never stored") from None
         # ---- marks and containers
-        elif name == "MARK":
-            metastack.append(stack)
-            stack = []
-        elif name == "EMPTY_DICT":
-            stack.append(_Dict())
         elif name == "DICT":
             items = pop_mark()
             if len(items) % 2:
@@ -381,45 +369,15 @@ def _scan_top_level(data: bytes, where: str) -> object:
             for i in range(0, len(items), 2):
                 d.set(items[i], items[i + 1])
             stack.append(d)
-        elif name == "SETITEM":
-            value = pop()
-            key = pop()
-            target = top()
-            if isinstance(target, _Dict):
-                target.set(key, value)
-        elif name == "SETITEMS":
-            items = pop_mark()
-            if len(items) % 2:
-                raise fail("SETITEMS with an odd number of items")
-            target = top()
-            if isinstance(target, _Dict):
-                for i in range(0, len(items), 2):
-                    target.set(items[i], items[i + 1])
-        elif name == "EMPTY_TUPLE":
-            stack.append(())
-        elif name == "TUPLE1":
-            stack.append((pop(),))
-        elif name == "TUPLE2":
-            b = pop()
-            a = pop()
-            stack.append((a, b))
-        elif name == "TUPLE3":
-            c = pop()
-            b = pop()
-            a = pop()
-            stack.append((a, b, c))
         elif name == "TUPLE":
             items = pop_mark()  # first: pop_mark rebinds `stack`
             stack.append(tuple(items))
-        elif name in ("EMPTY_LIST", "EMPTY_SET"):
+        elif name == "EMPTY_SET":
             stack.append(_Opaque(name))
         elif name == "LIST" or name == "FROZENSET":
             pop_mark()
             stack.append(_Opaque(name))
-        elif name == "APPEND":
-            pop()
-            top()
-        elif name in ("APPENDS", "ADDITEMS"):
+        elif name == "ADDITEMS":
             pop_mark()
             top()
         elif name == "POP":
@@ -440,15 +398,8 @@ def _scan_top_level(data: bytes, where: str) -> object:
             else:
                 pop_mark()
                 stack.append(_Obj(g))
-        elif name == "STACK_GLOBAL":
-            qual = pop()
-            module = pop()
-            stack.append(_Global(module, qual))
         elif name in ("EXT1", "EXT2", "EXT4"):
             stack.append(_Global(None, None))
-        elif name == "REDUCE" or name == "NEWOBJ":
-            pop()  # args
-            stack.append(_Obj(pop()))
         elif name == "NEWOBJ_EX":
             pop()  # kwargs
             pop()  # args
@@ -458,11 +409,6 @@ def _scan_top_level(data: bytes, where: str) -> object:
             if not items:
                 raise fail("OBJ without a class")
             stack.append(_Obj(items[0]))
-        elif name == "BUILD":
-            state = pop()
-            inst = top()
-            if isinstance(inst, _Obj):
-                _apply_state(inst, state)
         elif name == "PERSID":
             stack.append(_Opaque("persistent id"))
         elif name == "BINPERSID":
@@ -476,10 +422,6 @@ def _scan_top_level(data: bytes, where: str) -> object:
         elif name == "PROTO":
             if not isinstance(arg, int) or arg > _HIGHEST_PROTOCOL:
                 raise fail(f"unsupported pickle protocol {arg!r}")
-        elif name == "FRAME":
-            pass
-        elif name == "STOP":
-            return pop()
         else:  # an opcode this module does not know: apply its documented stack effect
             before = list(opcode.stack_before)
             if pickletools.markobject in before:
@@ -493,13 +435,15 @@ def _scan_top_level(data: bytes, where: str) -> object:
                 stack.append(_Opaque(name))
 
 
+#: Constant opcodes the walk leaves to pickletools (BININT*, BINUNICODE, SHORT_BINUNICODE,
+#: (SHORT_)BINBYTES and BINFLOAT are decoded inline).
 _CONSTANT_OPS = frozenset(
     {
-        "INT", "BININT", "BININT1", "BININT2", "LONG", "LONG1", "LONG4",
+        "INT", "LONG", "LONG1", "LONG4",
         "STRING", "BINSTRING", "SHORT_BINSTRING",
-        "BINBYTES", "SHORT_BINBYTES", "BINBYTES8", "BYTEARRAY8",
-        "UNICODE", "SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8",
-        "FLOAT", "BINFLOAT",
+        "BINBYTES8", "BYTEARRAY8",
+        "UNICODE", "BINUNICODE8",
+        "FLOAT",
     }
 )  # fmt: skip
 

@@ -866,8 +866,7 @@ def _matching(conn: Connection, stmt: Select[Any], t: Table, columns: Sequence[s
 
 def _natural(table: str) -> Callable[[dict[str, Any]], tuple]:
     """The natural key of a row whose timestamps are already UTC (:meth:`_Source.fill`)."""
-    getter = operator.itemgetter(*_NATURAL_COLUMNS[table])
-    return lambda values: getter(values)
+    return operator.itemgetter(*_NATURAL_COLUMNS[table])
 
 
 # --------------------------------------------------------------------------- entry points
