@@ -12,7 +12,8 @@ Rows move through the database drivers (:mod:`cachedb._bulk`: SQLite's cursor or
 PostgreSQL server-side binary cursor in; a binary ``COPY ... FROM STDIN`` or sqlite3's
 ``executemany`` out) with the values SQLAlchemy would have stored, and a reader thread reads
 the next batch while the current one is written where that overlaps (a PostgreSQL DST, or a
-PostgreSQL SRC). ``merge`` finds what DST holds with one indexed query per 500 keys of a batch.
+PostgreSQL SRC). ``merge`` finds what DST holds with one indexed query per 500 keys of a
+batch. An SQLite DST's WAL is checkpointed once, at the end, not every few batches.
 
 Natural keys decide what DST already holds, so an interrupted run (any exception, Ctrl-C, a
 crash) keeps the batches it committed and a re-run continues where it stopped:
@@ -106,7 +107,7 @@ from sqlalchemy.pool import NullPool
 from . import _migrate
 from ._bulk import bulk_insert, parse_timestamp, stream
 from ._bulk import utc as _utc
-from ._engine import SQLITE_HEADER, create_cachedb_engine, sqlite_path, to_url
+from ._engine import SQLITE_HEADER, WRITE_OPTION, create_cachedb_engine, sqlite_path, to_url
 from ._errors import CacheDBError, CopyError, DatabaseOpenError
 from ._signing import Signer
 from .db import CacheDB
@@ -128,6 +129,12 @@ TABLES = (
 
 #: The table an unfinished ``copy`` leaves in DST: one row naming SRC (dropped at the end).
 MARKER_TABLE = "cachedb_copy_in_progress"
+
+#: Keys of a batch looked up in DST per query (merge).
+_KEYS_PER_QUERY = 500
+
+#: SQLite's default ``wal_autocheckpoint`` (pages), restored after each batch.
+_SQLITE_AUTOCHECKPOINT = 1000
 
 #: Default batch bounds: rows, and bytes of row values (payloads included).
 DEFAULT_BATCH_ROWS = 20000
@@ -607,9 +614,22 @@ class _Transfer:
 
     @contextmanager
     def _write(self) -> Iterator[Connection]:
-        """One DST transaction (``BEGIN IMMEDIATE`` on SQLite), committed on success."""
-        with self.dst.write() as repos:
-            yield cast(Connection, repos.session)
+        """One DST transaction (``BEGIN IMMEDIATE`` on SQLite), committed on success.
+
+        On SQLite the commit does not checkpoint the WAL (``wal_autocheckpoint`` is 0 around
+        it, SQLite's default again after): a bulk copy would otherwise write and sync the
+        database file at every few batches; :func:`_run` checkpoints once at the end."""
+        with self.dst.engine.connect().execution_options(**{WRITE_OPTION: True}) as conn:
+            # on the driver connection: SQLAlchemy's execute would begin the transaction
+            driver = conn.connection.driver_connection if conn.dialect.name == "sqlite" else None
+            if driver is not None:
+                driver.execute("PRAGMA wal_autocheckpoint = 0")
+            try:
+                with conn.begin():
+                    yield conn
+            finally:
+                if driver is not None:
+                    driver.execute(f"PRAGMA wal_autocheckpoint = {_SQLITE_AUTOCHECKPOINT}")
 
     def _tick(self, table: str, batch: Sequence[tuple[dict[str, Any], int]]) -> None:
         self.done[0] += len(batch)
@@ -675,8 +695,8 @@ class _Transfer:
             with self._write() as w:
                 have: set[tuple] = set()
                 values = list({tuple([m[c] for c in narrow]) for m, _ in mapped})
-                for start in range(0, len(values), 500):
-                    chunk = values[start:start + 500]
+                for start in range(0, len(values), _KEYS_PER_QUERY):
+                    chunk = values[start:start + _KEYS_PER_QUERY]
                     for row in w.execute(_matching(w, select(*key_cols), t, narrow, chunk)).all():
                         key = list(row)  # key_cols: the natural key's order
                         for i in stamps:
@@ -707,8 +727,8 @@ class _Transfer:
                 seen: set[tuple] = set()  # added by this batch: a later duplicate is skipped
                 values = list({tuple([m[k] for k in key]) for m, _ in mapped})
                 cols = [t.c.id, *(t.c[k] for k in key), t.c.updated_at, *(t.c[c] for c in _SAME_COLUMNS[table])]
-                for start in range(0, len(values), 500):
-                    for row in w.execute(_matching(w, select(*cols), t, key, values[start:start + 500])).all():
+                for start in range(0, len(values), _KEYS_PER_QUERY):
+                    for row in w.execute(_matching(w, select(*cols), t, key, values[start:start + _KEYS_PER_QUERY])).all():
                         have[tuple(row[1:1 + len(key)])] = row
                 for m, n in mapped:
                     k = tuple(m[c] for c in key)
@@ -965,6 +985,9 @@ def _run(
         if mode == "copy":
             with dst.write() as repos:
                 _MARKER.drop(cast(Connection, repos.session), checkfirst=True)
+        if dst.engine.dialect.name == "sqlite":  # the batches left the WAL to this one checkpoint
+            with dst.engine.connect() as conn:
+                conn.connection.driver_connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     finally:
         for s in srcs:
             s.close()
