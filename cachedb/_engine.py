@@ -14,11 +14,11 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
@@ -121,9 +121,9 @@ def _setup_sqlite(engine: Engine, busy_timeout_s: float) -> None:
         cur = dbapi_conn.cursor()
         cur.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
         cur.execute("PRAGMA foreign_keys = ON")
-        mode = cur.execute("PRAGMA journal_mode = WAL").fetchone()
+        mode = _retry_locked(lambda: cur.execute("PRAGMA journal_mode = WAL").fetchone(), busy_timeout_s)
         if mode and str(mode[0]).lower() not in ("wal", "memory"):
-            cur.execute("PRAGMA journal_mode = WAL")
+            _retry_locked(lambda: cur.execute("PRAGMA journal_mode = WAL"), busy_timeout_s)
         cur.execute("PRAGMA synchronous = NORMAL")
         cur.close()
 
@@ -142,9 +142,36 @@ def _setup_sqlite(engine: Engine, busy_timeout_s: float) -> None:
                 raise SAOperationalError("BEGIN", None, exc) from exc
 
 
+T = TypeVar("T")
+
 #: Seconds of the first and the longest sleep between two ``BEGIN IMMEDIATE`` attempts.
 BUSY_FIRST_SLEEP_S = 0.0005
 BUSY_MAX_SLEEP_S = 0.008
+
+
+def _retry_locked(fn: Callable[[], T], busy_timeout_s: float) -> T:
+    """``fn()``, retried for up to ``busy_timeout_s`` seconds while SQLite answers "database is
+    locked" (sleeps of 0.5 ms doubling to at most 8 ms, ±50 % jitter).
+    Switching a new file to WAL does that when several connections create it at once: the
+    switch needs the exclusive lock and SQLite's busy handler is not always called for it.
+
+    Raises:
+        sqlite3.OperationalError: still locked after ``busy_timeout_s`` seconds, or any other
+            error of ``fn``.
+    """
+    deadline = time.monotonic() + busy_timeout_s
+    sleep_s = BUSY_FIRST_SLEEP_S
+    while True:
+        try:
+            return fn()
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) and "busy" not in str(exc):
+                raise
+            now = time.monotonic()
+            if now >= deadline:
+                raise
+        time.sleep(min(sleep_s * random.uniform(0.5, 1.5), max(deadline - time.monotonic(), 0)))
+        sleep_s = min(sleep_s * 2, BUSY_MAX_SLEEP_S)
 
 
 def begin_immediate(dbapi_conn: sqlite3.Connection, busy_timeout_s: float) -> None:
@@ -161,22 +188,9 @@ def begin_immediate(dbapi_conn: sqlite3.Connection, busy_timeout_s: float) -> No
         sqlite3.OperationalError: still locked after ``busy_timeout_s`` seconds ("database is
             locked"), or any other error of ``BEGIN IMMEDIATE``.
     """
-    deadline = time.monotonic() + busy_timeout_s
-    sleep_s = BUSY_FIRST_SLEEP_S
     dbapi_conn.execute("PRAGMA busy_timeout = 0")
     try:
-        while True:
-            try:
-                dbapi_conn.execute("BEGIN IMMEDIATE")
-                return
-            except sqlite3.OperationalError as exc:
-                if "locked" not in str(exc) and "busy" not in str(exc):
-                    raise
-            now = time.monotonic()
-            if now >= deadline:
-                raise sqlite3.OperationalError("database is locked")
-            time.sleep(min(sleep_s * random.uniform(0.5, 1.5), deadline - now))
-            sleep_s = min(sleep_s * 2, BUSY_MAX_SLEEP_S)
+        _retry_locked(lambda: dbapi_conn.execute("BEGIN IMMEDIATE"), busy_timeout_s)
     finally:
         dbapi_conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
 
