@@ -9,6 +9,7 @@ transaction, with the same values SQLAlchemy would have stored:
   cursor (timestamps as stored: SQLAlchemy's ``YYYY-MM-DD HH:MM:SS.ffffff`` strings, booleans
   as 0/1), PostgreSQL through a server-side binary cursor (aware datetimes, ``bytea`` as
   bytes, no hex round trip);
+- :func:`matching` narrows a ``SELECT`` to a batch of keys in one indexed query;
 - :func:`bulk_insert` writes dict rows: PostgreSQL through one binary ``COPY ... FROM STDIN``,
   SQLite through the driver's ``executemany`` (timestamps formatted as SQLAlchemy's SQLite
   dialect formats them, UTC); any other database through SQLAlchemy's ``insert``.
@@ -21,7 +22,9 @@ import itertools
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from sqlalchemy import Connection, DateTime, Select, Table, insert
+from sqlalchemy import Connection, DateTime, Select, Table, and_, bindparam, func, insert, tuple_
+from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.exc import DBAPIError
 
 UTC = dt.timezone.utc
 
@@ -113,9 +116,20 @@ def bulk_insert(conn: Connection, table: Table, rows: Sequence[dict[str, Any]], 
     driver's ``executemany`` with SQLAlchemy's stored forms (timestamps as UTC text). Columns
     the rows lack get no Python-side default on those paths, so rows that lack a column with
     one go through SQLAlchemy's ``insert``, as does any other database.
+
+    Raises the :class:`sqlalchemy.exc.DBAPIError` subclass SQLAlchemy would raise for the
+    driver's error (``DataError`` for a value the column refuses, ...), on every path.
     """
     if not rows:
         return
+    try:
+        _bulk_insert(conn, table, rows, exclude)
+    except conn.dialect.loaded_dbapi.Error as exc:
+        raise DBAPIError.instance(f"bulk insert into {table.name}", None, exc, conn.dialect.loaded_dbapi.Error,
+                                  dialect=conn.dialect) from exc
+
+
+def _bulk_insert(conn: Connection, table: Table, rows: Sequence[dict[str, Any]], exclude: Sequence[str]) -> None:
     first = rows[0]
     columns = [c for c in table.c if c.name in first and c.name not in exclude]
     names = tuple(c.name for c in columns)
@@ -151,4 +165,19 @@ def bulk_insert(conn: Connection, table: Table, rows: Sequence[dict[str, Any]], 
             copy.write_row(row)
 
 
-__all__ = ["UTC", "bulk_insert", "parse_timestamp", "sqlite_timestamp", "stream", "utc"]
+def matching(conn: Connection, stmt: Select[Any], t: Table, columns: Sequence[str],
+             keys: Sequence[tuple[Any, ...]]) -> Select[Any]:
+    """``stmt`` (a SELECT from ``t``) narrowed to the rows whose ``columns`` (none of them
+    nullable) equal one of ``keys``: on PostgreSQL a join with ``unnest`` of one array per
+    column (one parameter each, planned as an index lookup per key; a row-value ``IN`` list
+    is not), elsewhere a row-value ``IN``."""
+    cols = [t.c[c] for c in columns]
+    if conn.dialect.name != "postgresql":
+        return stmt.where(tuple_(*cols).in_(list(keys)))
+    names = [f"k{i}" for i in range(len(cols))]
+    arrays = [bindparam(n, [k[i] for k in keys], type_=ARRAY(c.type)) for i, (n, c) in enumerate(zip(names, cols))]
+    v = func.unnest(*arrays).table_valued(*names).render_derived(name="batch_keys")
+    return stmt.join(v, and_(*(c == v.c[n] for n, c in zip(names, cols))))
+
+
+__all__ = ["UTC", "bulk_insert", "matching", "parse_timestamp", "sqlite_timestamp", "stream", "utc"]

@@ -509,9 +509,10 @@ def stats(obj: _Context, fmt: str) -> None:
 def query(obj: _Context, sql: str, fmt: str) -> None:
     """Run one read-only SQL statement (writes are refused by the database).
 
-    Tables: guarded_entries, autotune_timings, local_cache_values, best_configs,
-    cutlass_op_lists, cutlass_ops, system_fingerprints; views: autotune_current,
-    autotune_winners, autotune_history.
+    Tables: guarded_entries, autotune_keys, autotune_runs, autotune_run_timings,
+    local_cache_values, best_configs, cutlass_op_lists, cutlass_ops, kernel_artifacts,
+    kernel_blobs, system_fingerprints; views: autotune_timings (every timing, flat),
+    autotune_current, autotune_winners, autotune_history, kernels.
 
     \b
     Example:

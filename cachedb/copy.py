@@ -79,9 +79,6 @@ from pathlib import Path
 from typing import Any, Literal, cast
 
 from sqlalchemy import (
-    Select,
-    and_,
-    bindparam,
     Boolean,
     Column,
     Connection,
@@ -97,21 +94,21 @@ from sqlalchemy import (
     inspect,
     LargeBinary,
     select,
-    tuple_,
     update,
 )
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
-from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.pool import NullPool
 
 from . import _migrate
 from ._bulk import bulk_insert, parse_timestamp, stream
+from ._bulk import matching as _matching
 from ._bulk import utc as _utc
 from ._engine import SQLITE_HEADER, WRITE_OPTION, create_cachedb_engine, sqlite_path, to_url
 from ._errors import CacheDBError, CopyError, DatabaseOpenError
 from ._signing import Signer
 from .db import CacheDB
-from .models import Base
+from .models import AUTOTUNE_TIMINGS, Base
+from .repositories import timings as timings_repo
 
 #: Tables in copy order (parents before children).
 TABLES = (
@@ -140,7 +137,8 @@ _SQLITE_AUTOCHECKPOINT = 1000
 DEFAULT_BATCH_ROWS = 20000
 DEFAULT_BATCH_BYTES = 16 << 20
 
-_T = {name: Base.metadata.tables[name] for name in TABLES}
+#: ``autotune_timings`` is read flat: the view of revision 0004, or the table of 0001-0003.
+_T = {name: Base.metadata.tables.get(name, AUTOTUNE_TIMINGS) for name in TABLES}
 #: The timestamp columns of each table.
 _DATETIMES = {name: tuple(c.name for c in t.c if isinstance(c.type, DateTime)) for name, t in _T.items()}
 #: The boolean columns of each table (SQLite hands back 0/1).
@@ -351,6 +349,7 @@ class _Source:
             if self.revision is None:
                 raise CopyError(f"no cachedb database at {self.where}: it has no cachedb schema")
             _migrate._check_known(self.where, self.revision)
+            names |= set(insp.get_view_names())  # autotune_timings, since revision 0004
             self.columns = {t: {c["name"] for c in insp.get_columns(t)} for t in TABLES if t in names}
         except DBAPIError as exc:
             self.close()
@@ -785,12 +784,9 @@ class _Transfer:
         self._keyed("kernel_artifacts", _natural("kernel_artifacts"), self._artifact)
         self._keyed("guarded_entries", _natural("guarded_entries"), self._fp_or_none)
         if self.mode == "merge":
-            tops = []
             with self.dst.read() as repos:
-                for table in ("autotune_timings", "local_cache_values"):
-                    tops.append(repos.session.execute(select(func.max(_T[table].c.position))).scalar())
-            self.position_offset = max((int(p) for p in tops if p is not None), default=-1) + 1
-        self._keyed("autotune_timings", _natural("autotune_timings"), self._positioned)
+                self.position_offset = timings_repo.next_position(repos.session)
+        self._timings()
         self._newest_wins("local_cache_values", ("fingerprint_id", "key_path"), self._positioned,
                           lambda m, row: m["value_json"] == row.value_json, ("value_json", "updated_at"))
         self._newest_wins(
@@ -800,6 +796,25 @@ class _Transfer:
         )
         self._cutlass()
         self._keyed("quarantined_entries", _natural("quarantined_entries"), lambda v: v)
+
+    def _timings(self) -> None:
+        """Timings, read flat (the view, or an older revision's table) and written through
+        the keys and runs they need (:func:`cachedb.repositories.timings.insert_flat`). A
+        benchmark DST holds (same key, ``recorded_at`` and choice) is skipped: history is
+        kept, never doubled."""
+        table = "autotune_timings"
+        for batch in self._batches(table):
+            mapped = [(m, n) for m, n in ((self._positioned(v), n) for v, n in batch) if m is not None]
+            with self._write() as w:
+                stored = timings_repo.insert_flat(w, [m for m, _ in mapped], skip_stored=not self.fresh)
+            if len(stored) == len(mapped):
+                new = mapped
+            else:
+                kept = {id(r) for r in stored}
+                new = [(m, n) for m, n in mapped if id(m) in kept]
+            self._added(table, new)
+            self.report.tables[table].skipped += len(batch) - len(new)
+            self._tick(table, batch)
 
     def _cutlass(self) -> None:
         """Each op list with its ops in one DST transaction (a list is there whole or not)."""
@@ -853,7 +868,6 @@ class _Transfer:
 _NATURAL_COLUMNS = {
     "kernel_artifacts": ("kind", "host_key", "key", "name"),
     "guarded_entries": ("kind", "key", "variant"),
-    "autotune_timings": ("fingerprint_id", "op", "inputs", "hint_override", "precision", "choice_hash", "recorded_at"),
     "quarantined_entries": ("kind", "key", "variant", "checksum", "quarantined_at"),
 }
 #: The columns of each table :meth:`_Transfer._keyed` handles whose values in a batch select (a
@@ -862,26 +876,10 @@ _NATURAL_COLUMNS = {
 _NARROW = {
     "kernel_artifacts": ("kind", "host_key", "key"),
     "guarded_entries": ("kind", "key"),
-    "autotune_timings": ("fingerprint_id", "op", "inputs"),
     "quarantined_entries": ("kind", "key"),
 }
 #: Columns compared to tell whether a newest-wins row changed.
 _SAME_COLUMNS = {"local_cache_values": ("value_json",), "best_configs": ("content",)}
-
-
-def _matching(conn: Connection, stmt: Select[Any], t: Table, columns: Sequence[str],
-              keys: Sequence[tuple[Any, ...]]) -> Select[Any]:
-    """``stmt`` (a SELECT from ``t``) narrowed to the rows whose ``columns`` (none of them
-    nullable) equal one of ``keys``: on PostgreSQL a join with ``unnest`` of one array per
-    column (one parameter each, planned as an index lookup per key; a row-value ``IN`` list
-    is not), elsewhere a row-value ``IN``."""
-    cols = [t.c[c] for c in columns]
-    if conn.dialect.name != "postgresql":
-        return stmt.where(tuple_(*cols).in_(list(keys)))
-    names = [f"k{i}" for i in range(len(cols))]
-    arrays = [bindparam(n, [k[i] for k in keys], type_=ARRAY(c.type)) for i, (n, c) in enumerate(zip(names, cols))]
-    v = func.unnest(*arrays).table_valued(*names).render_derived(name="batch_keys")
-    return stmt.join(v, and_(*(c == v.c[n] for n, c in zip(names, cols))))
 
 
 def _natural(table: str) -> Callable[[dict[str, Any]], tuple]:

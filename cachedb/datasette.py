@@ -68,8 +68,26 @@ TABLES: dict[str, dict[str, Any]] = {
         },
         "units": {"size_bytes": _BYTES, "time_taken_ns": _NS},
     },
+    "autotune_keys": {
+        "description": "One cache[op][inputs][precision] of one fingerprint: the strings its benchmarks share.",
+        "columns": {
+            "op": "autotuned op (mm, addmm, linear_unary, ...)",
+            "inputs": "input key: per input (device, dtype, *sizes, *strides, offset)",
+            "precision": "torch.get_float32_matmul_precision() at tuning time",
+        },
+    },
+    "autotune_runs": {
+        "description": "One benchmark of a key's choices.",
+        "columns": {"recorded_at": "when it was benchmarked (UTC)"},
+    },
+    "autotune_run_timings": {
+        "description": "The timing of each choice in a run (view autotune_timings shows them flat).",
+        "columns": {"choice_hash": "the benchmarked choice (template config or extern kernel)",
+                    "timing_ms": "benchmarked time"},
+        "units": {"timing_ms": _MS},
+    },
     "autotune_timings": {
-        "description": "Every autotune benchmark: cache[op][inputs][precision][choice] = ms. "
+        "description": "View: every autotune benchmark flat, cache[op][inputs][precision][choice] = ms. "
                        "A re-benchmark adds a row; the latest row of a choice is its current value.",
         "columns": {
             "op": "autotuned op (mm, addmm, linear_unary, ...)",

@@ -7,7 +7,9 @@ table                        Inductor artifact
 ===========================  ==================================================================
 ``system_fingerprints``      ``CacheBase.get_system()`` (+ torch version, ``torch_key``, host)
 ``guarded_entries``          ``fxgraph/<k[1:3]>/<key>/<variant>``, ``aotautograd/<key>/<variant>``
-``autotune_timings``         ``cache/<system hash>`` → ``cache[op][inputs][precision][choice]``
+``autotune_keys``            ``cache/<system hash>`` → ``cache[op][inputs][precision]``
+``autotune_runs``            one benchmark of a key's choices (``recorded_at``)
+``autotune_run_timings``     ``cache[op][inputs][precision][choice]`` = ms, per run
 ``local_cache_values``       ``cache/<system hash>`` → any other ``LocalCache`` value
 ``best_configs``             ``<k[1:3]>/<name>.best_config``
 ``cutlass_op_lists``         ``configs_<request key>.json``
@@ -18,7 +20,8 @@ table                        Inductor artifact
 ===========================  ==================================================================
 
 Views (created by the migrations, see :data:`VIEW_NAMES`): ``autotune_current``,
-``autotune_winners``, ``autotune_history`` (revision 0001), ``kernels`` (revision 0003).
+``autotune_winners``, ``autotune_history`` (revision 0001), ``kernels`` (revision 0003),
+``autotune_timings`` (revision 0004: the timings flat, as the table of that name held them).
 
 Timestamps are timezone-aware UTC. Payload columns hold zstd frames; sizes are bytes of the
 uncompressed payload; ``checksum`` is the SHA-256 hex digest of the uncompressed payload.
@@ -31,6 +34,7 @@ from typing import Optional
 
 from sqlalchemy import (
     BigInteger,
+    Column,
     Boolean,
     DateTime,
     Float,
@@ -40,6 +44,7 @@ from sqlalchemy import (
     LargeBinary,
     MetaData,
     String,
+    Table,
     Text,
     UniqueConstraint,
 )
@@ -135,27 +140,17 @@ class GuardedEntry(Base):
     fingerprint: Mapped[Optional[SystemFingerprint]] = relationship()
 
 
-class AutotuneTiming(Base):
-    """One benchmark of one choice: ``cache[op][inputs_key][precision][choice_hash] = timing_ms``.
-
-    Mirrors ``PersistentCache.lookup`` (torch/_inductor/codecache.py). A re-benchmark adds a
-    row; the current value of a choice is its latest row. ``position`` orders entries as they
-    first appeared in Inductor's JSON document (shared with :class:`LocalCacheValue`), so an
-    export writes the document back byte for byte.
+class AutotuneKey(Base):
+    """One ``cache[op][inputs][precision]`` of ``PersistentCache`` (torch/_inductor/codecache.py)
+    on one fingerprint: the strings every benchmark of its choices shares, stored once
+    (revision 0004). ``hint_override`` is the ``hint_override`` of the inputs key (``None``:
+    none). Rows are found by the index on ``(fingerprint_id, op, inputs, precision)``; the
+    writers look a key up before adding one, so a key normally has one row (two concurrent
+    PostgreSQL writers may add a duplicate, which reads treat as the same key).
     """
 
-    __tablename__ = "autotune_timings"
-    __table_args__ = (
-        Index(
-            "ix_autotune_timings_lookup",
-            "fingerprint_id",
-            "op",
-            "inputs",
-            "precision",
-            "choice_hash",
-            "recorded_at",
-        ),
-    )
+    __tablename__ = "autotune_keys"
+    __table_args__ = (Index("ix_autotune_keys_lookup", "fingerprint_id", "op", "inputs", "precision"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     fingerprint_id: Mapped[int] = mapped_column(
@@ -165,12 +160,49 @@ class AutotuneTiming(Base):
     inputs: Mapped[str] = mapped_column(Text)
     hint_override: Mapped[Optional[int]] = mapped_column(BigInteger)
     precision: Mapped[str] = mapped_column(String(16))
+
+    fingerprint: Mapped[SystemFingerprint] = relationship()
+
+
+class AutotuneRun(Base):
+    """One benchmark of a key's choices, at ``recorded_at`` (revision 0004): what one
+    ``PersistentCache.lookup`` miss measured, or one import of a document's values."""
+
+    __tablename__ = "autotune_runs"
+    __table_args__ = (Index("ix_autotune_runs_key_id", "key_id", "recorded_at"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    key_id: Mapped[int] = mapped_column(ForeignKey("autotune_keys.id", ondelete="CASCADE"))
+    recorded_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+    key: Mapped[AutotuneKey] = relationship()
+
+
+class AutotuneTiming(Base):
+    """One timing of one choice in one run: ``cache[op][inputs_key][precision][choice_hash] =
+    timing_ms`` (milliseconds).
+
+    Mirrors ``PersistentCache.lookup`` (torch/_inductor/codecache.py). A re-benchmark adds a
+    run; the current value of a choice is its latest run's. ``position`` orders entries as they
+    first appeared in Inductor's JSON document (shared with :class:`LocalCacheValue`), so an
+    export writes the document back byte for byte.
+
+    Since revision 0004 the strings of ``(fingerprint, op, inputs, precision)`` live once per
+    key (:class:`AutotuneKey`) and the timestamp once per run (:class:`AutotuneRun`); the view
+    ``autotune_timings`` (:data:`AUTOTUNE_TIMINGS`) shows the rows flat, as revisions 0001-0003
+    stored them.
+    """
+
+    __tablename__ = "autotune_run_timings"
+    __table_args__ = (Index("ix_autotune_run_timings_run_id", "run_id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("autotune_runs.id", ondelete="CASCADE"))
     choice_hash: Mapped[str] = mapped_column(Text)
     timing_ms: Mapped[float] = mapped_column(Float)
     position: Mapped[int] = mapped_column(BigInteger, index=True)
-    recorded_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
-    fingerprint: Mapped[SystemFingerprint] = relationship()
+    run: Mapped[AutotuneRun] = relationship()
 
 
 class LocalCacheValue(Base):
@@ -379,4 +411,24 @@ class KernelArtifact(Base):
 #: ``autotune_history`` (every benchmark with its fingerprint: device, torch version, host).
 #: Kernels (0003_kernel_artifacts.py): ``kernels``, one row per kernel key with its files,
 #: bytes (uncompressed and stored), blobs shared with other keys, hits and last use.
-VIEW_NAMES = ("autotune_current", "autotune_winners", "autotune_history", "kernels")
+VIEW_NAMES = ("autotune_timings", "autotune_current", "autotune_winners", "autotune_history", "kernels")
+
+#: The view ``autotune_timings`` (revision 0004, migrations/versions/0004_compact_timings.py):
+#: every timing flat, one row per :class:`AutotuneTiming` with its key's and run's columns, as
+#: the table of that name held them before. Reads (SQLite and PostgreSQL inline the join) and
+#: ``cachedb copy`` from any revision go through it; writes go to the three tables
+#: (:mod:`cachedb.repositories.timings`). Not part of :attr:`Base.metadata`: it is no table.
+AUTOTUNE_TIMINGS = Table(
+    "autotune_timings",
+    MetaData(),
+    Column("id", Integer, primary_key=True),
+    Column("fingerprint_id", Integer, nullable=False),
+    Column("op", String(256), nullable=False),
+    Column("inputs", Text, nullable=False),
+    Column("hint_override", BigInteger),
+    Column("precision", String(16), nullable=False),
+    Column("choice_hash", Text, nullable=False),
+    Column("timing_ms", Float, nullable=False),
+    Column("position", BigInteger, nullable=False),
+    Column("recorded_at", DateTime(timezone=True), nullable=False),
+)

@@ -9,7 +9,7 @@ from sqlalchemy.orm import Session
 
 from .repositories.artifacts import KernelArtifactRepository
 from .models import (
-    AutotuneTiming,
+    AUTOTUNE_TIMINGS,
     BestConfig,
     CutlassOp,
     CutlassOpList,
@@ -52,7 +52,7 @@ def collect(session: Session) -> list[dict[str, Any]]:
         .order_by(g.kind, g.fingerprint_id)
     ):
         add(kind, fp, n, raw, stored)
-    t = AutotuneTiming
+    t = AUTOTUNE_TIMINGS.c  # the flat view
     for fp, n in session.execute(
         select(t.fingerprint_id, func.count()).group_by(t.fingerprint_id).order_by(t.fingerprint_id)
     ):

@@ -32,10 +32,12 @@ from sqlalchemy import Connection, Select, insert, select, update
 from ._bulk import bulk_insert
 from ._bulk import utc as _utc
 from .copy import _NATURAL_COLUMNS, _SAME_COLUMNS
-from .models import Base
+from .models import AUTOTUNE_TIMINGS, Base
+from .repositories import timings as timings_repo
 from .repositories.timings import next_position
 
-_T = Base.metadata.tables
+#: The tables, and the flat timings view (revision 0004) under its name.
+_T = {**Base.metadata.tables, "autotune_timings": AUTOTUNE_TIMINGS}
 _F = _T["system_fingerprints"]
 _BLOBS = _T["kernel_blobs"]
 _OPS = _T["cutlass_ops"]
@@ -259,6 +261,8 @@ def store(conn: Connection, bundle: Bundle) -> int:
                 values["blob_id"] = blob_ids[r["sha256"]]
                 kept.append(values)
         rows = kept
+    if table == "autotune_timings":
+        return _insert_timings(conn, rows)
     if table in _NATURAL_COLUMNS:
         return _insert_new(conn, bundle.entry, table, rows)
     if table in _SAME_COLUMNS:
@@ -266,10 +270,24 @@ def store(conn: Connection, bundle: Bundle) -> int:
     return _cutlass(conn, bundle, rows)
 
 
+def _insert_timings(conn: Connection, rows: list[dict[str, Any]]) -> int:
+    """Timings DST lacks (same key, ``recorded_at`` and choice: history is never doubled),
+    placed after everything DST holds in document order."""
+    new = [dict(r) for r in timings_repo.missing(conn, rows)]
+    if not new:
+        return 0
+    start = next_position(conn)  # type: ignore[arg-type]
+    new.sort(key=lambda r: r["position"])
+    for i, r in enumerate(new):
+        r["position"] = start + i
+    timings_repo.insert_flat(conn, new)
+    return len(new)
+
+
 def _insert_new(conn: Connection, entry: Entry, table: str, rows: list[dict[str, Any]]) -> int:
     t = _T[table]
     key_cols = [t.c[c] for c in _NATURAL_COLUMNS[table]]
-    narrow = "inputs" if table == "autotune_timings" else "key"
+    narrow = "key"
     values = sorted({r[narrow] for r in rows})
     have: set[tuple[Any, ...]] = set()
     for start in range(0, len(values), 500):

@@ -34,7 +34,7 @@ from cachedb.copy import (
 )
 from cachedb.cutlass_ops import parse_op_list
 from cachedb.importer import Importer
-from cachedb.models import Base
+from cachedb.models import AUTOTUNE_TIMINGS, Base
 from cachedb.repositories.timings import next_position
 
 pytestmark = pytest.mark.slow
@@ -95,13 +95,13 @@ def dump(location: str | Path, *, positions: bool = True) -> dict[str, list[tupl
     natural key, timestamps in UTC, sorted: equal dumps = the same content."""
     out: dict[str, list[tuple]] = {}
     with CacheDB(location, upgrade=False) as db, db.engine.connect() as conn:
-        names = set(inspect(conn).get_table_names())
+        names = set(inspect(conn).get_table_names()) | set(inspect(conn).get_view_names())
         keys = {col: dict(conn.execute(select(Base.metadata.tables[t].c.id, Base.metadata.tables[t].c[c])).all())
                 for col, (t, c) in _PARENTS.items() if t in names}
         for table in TABLES:
             if table not in names:
                 continue
-            t = Base.metadata.tables[table]
+            t = Base.metadata.tables.get(table, AUTOTUNE_TIMINGS)  # timings: flat, table or view
             rows = []
             for row in conn.execute(select(t)).mappings():
                 values = []
@@ -382,6 +382,13 @@ def test_merge_is_the_union_and_idempotent(real_cache: tuple[Path, dict], tmp_pa
     second = merge_databases([a, b], db_url)
     assert second.rows_written == 0
     assert dump(db_url, positions=False) == merged
+    with CacheDB(db_url) as db, db.engine.connect() as conn:  # the compact timings: a key, a run once
+        keys, distinct_keys, runs, distinct_runs = conn.execute(text(
+            "SELECT (SELECT COUNT(*) FROM autotune_keys), (SELECT COUNT(*) FROM (SELECT DISTINCT fingerprint_id, op, "
+            "inputs, hint_override, precision FROM autotune_timings) k), (SELECT COUNT(*) FROM autotune_runs), "
+            "(SELECT COUNT(*) FROM (SELECT DISTINCT fingerprint_id, op, inputs, hint_override, precision, recorded_at "
+            "FROM autotune_timings) r)")).one()
+    assert keys == distinct_keys > 0 and runs == distinct_runs >= keys
     result = run("--db", db_url, "verify")
     assert result.exit_code == 1 and "quarantined fxgraph" in result.output  # a's quarantine came over
     assert "problem(s)" in result.output

@@ -104,3 +104,59 @@ def test_wheel_carries_migrations(tmp_path: Path) -> None:
 def test_head_revision_constant_matches_alembic() -> None:
     """Opening a database at head skips Alembic entirely, trusting this constant."""
     assert _migrate.HEAD_REVISION == _migrate.head_revision()
+
+
+def _timing_state(db: CacheDB) -> dict[str, list[tuple]]:
+    """The flat timings and the tuning-history views, as plain tuples (timestamps as text)."""
+    out = {}
+    with db.engine.connect() as conn:
+        for name, order in (
+            ("autotune_timings", "id"),
+            ("autotune_current", "fingerprint_id, op, inputs, precision, choice_hash"),
+            ("autotune_winners", "fingerprint_id, op, inputs, precision"),
+            ("autotune_history", "id"),
+        ):
+            rows = conn.execute(text(f"SELECT * FROM {name} ORDER BY {order}")).all()
+            out[name] = [tuple(str(v) if v is not None else None for v in row) for row in rows]
+    return out
+
+
+def test_compact_timings_migration_keeps_every_benchmark(db: CacheDB) -> None:
+    """0004 moves the flat ``autotune_timings`` rows (history, hint overrides, two
+    fingerprints) into keys, runs and run timings and back, on SQLite and PostgreSQL: the view
+    of the old name, the history views and the live lookups read the same before and after."""
+    from cachedb.fingerprint import Fingerprint
+
+    mm = "[('cuda', 'torch.float16', 64, 64, 64, 1, 0)]"
+    with db.transaction() as repos:
+        a = repos.fingerprints.ensure(Fingerprint(system={"hash": "s" * 64, "device": {"name": "H100"}}))
+        b = repos.fingerprints.ensure(Fingerprint(system={"hash": "t" * 64, "device": {"name": "A100"}}))
+        repos.timings.record(a, "mm", mm, "highest", {"triton_mm_1": 0.5, "aten_mm": 0.4})
+        repos.timings.record(a, "mm", mm, "high", {"aten_mm": 0.3})
+        repos.timings.record(a, "mm", mm, "highest", {"triton_mm_1": 0.6}, hint_override=128)
+        repos.timings.record(b, "addmm", mm, "highest", {"aten_addmm": 1.25})
+    with db.transaction() as repos:  # a re-benchmark: history
+        repos.timings.record(a, "mm", mm, "highest", {"triton_mm_1": 0.2, "aten_mm": 0.45})
+    before = _timing_state(db)
+    assert len(before["autotune_timings"]) == 7 and len(before["autotune_current"]) == 5
+
+    _migrate.downgrade(db.engine, "0003")
+    tables = set(inspect(db.engine).get_table_names())
+    assert "autotune_timings" in tables and "autotune_keys" not in tables
+    assert _timing_state(db) == before
+
+    assert db.upgrade() is True
+    assert _timing_state(db) == before
+    with db.engine.connect() as conn:
+        counts = [conn.execute(text(f"SELECT COUNT(*) FROM {t}")).scalar_one()
+                  for t in ("autotune_keys", "autotune_runs", "autotune_run_timings")]
+    assert counts == [4, 5, 7]
+    with db.transaction() as repos:  # ids continue after the moved ones (PostgreSQL sequences)
+        repos.timings.record(a, "mm", mm, "highest", {"aten_mm": 0.1})
+    with db.read() as repos:
+        ids = repos.fingerprints.ids_for_system_hash("s" * 64)
+        assert repos.timings.lookup(ids, "mm", mm, "highest") == {"triton_mm_1": 0.2, "aten_mm": 0.1}
+        assert repos.timings.lookup(ids, "mm", mm, "highest", hint_override=128) == {"triton_mm_1": 0.6}
+        assert repos.timings.lookup(ids, "mm", mm, "high") == {"aten_mm": 0.3}
+    after = _timing_state(db)["autotune_timings"]
+    assert after[:7] == before["autotune_timings"] and int(after[7][0]) > int(after[6][0])

@@ -1,18 +1,41 @@
-"""Autotune timings: every benchmark of every choice, the latest one being current."""
+"""Autotune timings: every benchmark of every choice, the latest one being current.
+
+Stored compact (revision 0004): a key (``autotune_keys``: fingerprint, op, inputs,
+``hint_override``, precision) once, a run (``autotune_runs``: one benchmark's
+``recorded_at``) once per benchmark, and per choice a row of ``autotune_run_timings``. Reads
+go through the flat view ``autotune_timings`` (:data:`cachedb.models.AUTOTUNE_TIMINGS`),
+whose join SQLite and PostgreSQL inline into index lookups; writes go to the three tables,
+by :meth:`AutotuneTimingRepository.record` (one benchmark) or :func:`insert_flat` (rows in
+the view's shape: import, ``copy``/``merge``, the fleet tiers' point sync).
+"""
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import bindparam, func, insert, select
+from sqlalchemy import Connection, bindparam, func, insert, select, text
 from sqlalchemy.orm import Session
 
+from .._bulk import bulk_insert, matching, utc
 from .._local_cache_doc import TimingLeaf
 from ..keys import persistent_cache_inputs_key
-from ..models import AutotuneTiming, LocalCacheValue, SystemFingerprint, utcnow
+from ..models import (
+    AUTOTUNE_TIMINGS,
+    AutotuneKey,
+    AutotuneRun,
+    AutotuneTiming,
+    LocalCacheValue,
+    SystemFingerprint,
+    utcnow,
+)
 
-_T = AutotuneTiming.__table__
+#: The flat view: every read.
+_T = AUTOTUNE_TIMINGS
+_K = AutotuneKey.__table__
+_R = AutotuneRun.__table__
+_RT = AutotuneTiming.__table__
 _V = LocalCacheValue.__table__
 _F = SystemFingerprint.__table__
 
@@ -20,7 +43,7 @@ _F = SystemFingerprint.__table__
 #: resolve them in the same query instead of a separate round trip.
 FINGERPRINTS_OF_SYSTEM = select(_F.c.id).where(_F.c.system_hash == bindparam("system_hash"))
 
-_INSERT = insert(_T)
+_INSERT_TIMINGS = insert(_RT)
 # Hot path: the timings of one (op, inputs, precision) on the fingerprints of a system hash,
 # oldest first so that the last row of each choice is its current value.
 _FOR_INPUTS = (
@@ -37,24 +60,34 @@ _FOR_INPUTS_NO_HINT = _FOR_INPUTS.where(_T.c.hint_override.is_(None))
 _FOR_INPUTS_HINT = _FOR_INPUTS.where(_T.c.hint_override == bindparam("hint_override"))
 
 
-_GROUP_POSITIONS = (
-    select(_T.c.choice_hash, func.min(_T.c.position))
+# One statement for a record: the ids of the key (every copy, should two writers have added
+# it) with the first document position of each choice benchmarked under it (choice NULL: a key
+# without timings).
+_KEY_POSITIONS = (
+    select(_K.c.id, _RT.c.choice_hash, func.min(_RT.c.position))
+    .select_from(_K.outerjoin(_R, _R.c.key_id == _K.c.id).outerjoin(_RT, _RT.c.run_id == _R.c.id))
     .where(
-        _T.c.fingerprint_id == bindparam("fingerprint_id"),
-        _T.c.op == bindparam("op"),
-        _T.c.inputs == bindparam("inputs"),
-        _T.c.precision == bindparam("precision"),
+        _K.c.fingerprint_id == bindparam("fingerprint_id"),
+        _K.c.op == bindparam("op"),
+        _K.c.inputs == bindparam("inputs"),
+        _K.c.precision == bindparam("precision"),
     )
-    .group_by(_T.c.choice_hash)
+    .group_by(_K.c.id, _RT.c.choice_hash)
 )
-_MAX_T = select(func.max(_T.c.position))
-_MAX_V = select(func.max(_V.c.position))
+_KEY_POSITIONS_NO_HINT = _KEY_POSITIONS.where(_K.c.hint_override.is_(None))
+_KEY_POSITIONS_HINT = _KEY_POSITIONS.where(_K.c.hint_override == bindparam("hint_override"))
+_INSERT_KEY = insert(_K)
+_INSERT_RUN = insert(_R)
+# Both maxima in one statement (each an indexed MAX: the table's index, not the view's join).
+_NEXT_POSITION = select(
+    select(func.max(_RT.c.position)).scalar_subquery(), select(func.max(_V.c.position)).scalar_subquery()
+)
 
 
-def next_position(session: Session) -> int:
-    """The next free document position, shared by timings and LocalCache values (two indexed
-    MAX lookups)."""
-    tops = [session.execute(stmt).scalar() for stmt in (_MAX_T, _MAX_V)]
+def next_position(session: Session | Connection) -> int:
+    """The next free document position, shared by timings and LocalCache values (one
+    statement: two indexed MAX lookups)."""
+    tops = session.execute(_NEXT_POSITION).one()
     return max((int(t) for t in tops if t is not None), default=-1) + 1
 
 
@@ -72,35 +105,46 @@ class AutotuneTimingRepository:
         *,
         hint_override: int | None = None,
     ) -> int:
-        """Append one benchmark row per choice (``{choice_hash: milliseconds}``). Returns the
-        number of rows added. Existing rows are history and stay."""
-        group = _GROUP_POSITIONS.where(
-            _T.c.hint_override.is_(None) if hint_override is None else _T.c.hint_override == hint_override
-        )
-        params = {"fingerprint_id": fingerprint_id, "op": op, "inputs": inputs, "precision": precision}
-        first_positions = {choice: pos for choice, pos in self.session.execute(group, params)}
+        """Append one benchmark: a run of the key ``(op, inputs, hint_override, precision)`` on
+        the fingerprint (the key added on first sight) with one row per choice
+        (``{choice_hash: milliseconds}``). Returns the number of rows added. Existing rows are
+        history and stay. Four statements (key and first positions, next position, run,
+        timings) plus one for a new key; never commits."""
+        if not timings:
+            return 0
+        params = {
+            "fingerprint_id": fingerprint_id, "op": op, "inputs": inputs, "precision": precision,
+            "hint_override": hint_override,
+        }
+        key_id: int | None = None
+        first_positions: dict[str, int] = {}
+        for kid, choice, pos in self.session.execute(
+            _KEY_POSITIONS_NO_HINT if hint_override is None else _KEY_POSITIONS_HINT, params
+        ):
+            key_id = kid if key_id is None else min(key_id, kid)
+            if choice is not None:
+                first = first_positions.get(choice)
+                first_positions[choice] = pos if first is None else min(first, pos)
         position = next_position(self.session)
+        if key_id is None:
+            key_id = self.session.execute(_INSERT_KEY, params).inserted_primary_key[0]
+        run_id = self.session.execute(
+            _INSERT_RUN, {"key_id": key_id, "recorded_at": utcnow()}
+        ).inserted_primary_key[0]
         rows = []
-        now = utcnow()
         for choice, ms in timings.items():
-            known = (None, first_positions[choice]) if choice in first_positions else None
+            known = first_positions.get(choice)
             rows.append(
                 {
-                    "fingerprint_id": fingerprint_id,
-                    "op": op,
-                    "inputs": inputs,
-                    "hint_override": hint_override,
-                    "precision": precision,
+                    "run_id": run_id,
                     "choice_hash": choice,
                     "timing_ms": float(ms),
-                    "position": known[1] if known else position,
-                    "recorded_at": now,
+                    "position": known if known is not None else position,
                 }
             )
-            if not known:
+            if known is None:
                 position += 1
-        if rows:
-            self.session.execute(_INSERT, rows)
+        self.session.execute(_INSERT_TIMINGS, rows)
         return len(rows)
 
     def add_leaves(self, fingerprint_id: int, leaves: Sequence[TimingLeaf]) -> int:
@@ -128,8 +172,7 @@ class AutotuneTimingRepository:
                     "recorded_at": now,
                 }
             )
-        if rows:
-            self.session.execute(_INSERT, rows)
+        insert_flat(self.session.connection(), rows)
         return len(rows)
 
     def lookup(
@@ -178,6 +221,135 @@ class AutotuneTimingRepository:
                 fingerprint_ids
             ).items()
         ]
+
+
+# --------------------------------------------------------------------------------------------
+# Rows in the view's shape (import, copy/merge, tier sync)
+# --------------------------------------------------------------------------------------------
+
+#: A row's key: ``(fingerprint_id, op, inputs, hint_override, precision)``.
+_KEY_COLUMNS = ("fingerprint_id", "op", "inputs", "hint_override", "precision")
+_key_of = operator.itemgetter(*_KEY_COLUMNS)
+#: Keys (by ``(fingerprint_id, op, inputs)``, the index's prefix: hint and precision are
+#: compared here, ``hint_override`` may be NULL) or ids looked up per query.
+_PER_QUERY = 500
+
+
+def _key_ids(conn: Connection, keys: Iterable[tuple[Any, ...]]) -> dict[tuple[Any, ...], int]:
+    """The ids of the stored keys among ``keys`` (the lowest id where a key is stored twice)."""
+    wanted = set(keys)
+    narrow = sorted({k[:3] for k in wanted})
+    out: dict[tuple[Any, ...], int] = {}
+    stmt = select(_K.c.id, *(_K.c[c] for c in _KEY_COLUMNS)).order_by(_K.c.id.desc())
+    for start in range(0, len(narrow), _PER_QUERY):
+        chunk = narrow[start:start + _PER_QUERY]
+        for kid, *key in conn.execute(matching(conn, stmt, _K, _KEY_COLUMNS[:3], chunk)):
+            k = tuple(key)
+            if k in wanted:
+                out[k] = int(kid)
+    return out
+
+
+def _run_ids(conn: Connection, key_ids: Iterable[int]) -> dict[tuple[int, Any], int]:
+    """``{(key_id, recorded_at as aware UTC): run id}`` of the runs of ``key_ids``."""
+    ids = sorted(set(key_ids))
+    out: dict[tuple[int, Any], int] = {}
+    stmt = select(_R.c.id, _R.c.key_id, _R.c.recorded_at).order_by(_R.c.id.desc())
+    for start in range(0, len(ids), _PER_QUERY):
+        for rid, kid, at in conn.execute(stmt.where(_R.c.key_id.in_(ids[start:start + _PER_QUERY]))):
+            out[(int(kid), utc(at))] = int(rid)
+    return out
+
+
+def _held(conn: Connection, run_ids: Iterable[int]) -> set[tuple[int, str]]:
+    """``(run_id, choice_hash)`` of the timings of ``run_ids``."""
+    runs = sorted(set(run_ids))
+    held: set[tuple[int, str]] = set()
+    stmt = select(_RT.c.run_id, _RT.c.choice_hash)
+    for start in range(0, len(runs), _PER_QUERY):
+        held.update((int(r), c) for r, c in conn.execute(stmt.where(_RT.c.run_id.in_(runs[start:start + _PER_QUERY]))))
+    return held
+
+
+def _new_ids(conn: Connection, table: Any, n: int) -> list[int]:
+    """``n`` unused ids of ``table``: from its sequence on PostgreSQL; on SQLite the ones after
+    the largest, which the caller's write transaction (``BEGIN IMMEDIATE``) keeps free."""
+    if conn.dialect.name == "postgresql":
+        stmt = text(f"SELECT nextval(pg_get_serial_sequence('{table.name}', 'id')) FROM generate_series(1, :n)")
+        return [int(i) for i in conn.execute(stmt, {"n": n}).scalars()]
+    start = int(conn.execute(select(func.max(table.c.id))).scalar() or 0) + 1
+    return list(range(start, start + n))
+
+
+def missing(conn: Connection, rows: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The rows (the view's columns) whose benchmark the database does not hold: no timing of
+    the same choice in a run of the same key recorded at the same instant (a row repeated
+    within ``rows`` counts once). Order kept."""
+    return [rows[i] for i in _unstored(conn, rows)[0]]
+
+
+def _unstored(conn: Connection, rows: Sequence[Mapping[str, Any]], *, skip_stored: bool = True
+              ) -> tuple[list[int], list[tuple[Any, ...]], list[Any], dict[tuple[Any, ...], int], dict[tuple[int, Any], int]]:
+    """``(indexes of the rows to store, row keys, row timestamps, key ids, run ids)``: the
+    lookups :func:`missing` and :func:`insert_flat` share (keys, then the runs of the keys
+    found: a new key has none)."""
+    row_keys = [_key_of(r) for r in rows]
+    stamps = [utc(r["recorded_at"]) for r in rows]
+    key_ids = _key_ids(conn, row_keys)
+    run_ids = _run_ids(conn, key_ids.values()) if key_ids else {}
+    if not skip_stored:
+        return list(range(len(rows))), row_keys, stamps, key_ids, run_ids
+    held = _held(conn, run_ids.values()) if run_ids else set()
+    keep: list[int] = []
+    seen: set[tuple[Any, ...]] = set()
+    for i, r in enumerate(rows):
+        choice = r["choice_hash"]
+        natural = (row_keys[i], stamps[i], choice)
+        if natural in seen:
+            continue
+        seen.add(natural)
+        kid = key_ids.get(row_keys[i])
+        rid = run_ids.get((kid, stamps[i])) if kid is not None else None
+        if rid is None or (rid, choice) not in held:
+            keep.append(i)
+    return keep, row_keys, stamps, key_ids, run_ids
+
+
+def insert_flat(conn: Connection, rows: Sequence[Mapping[str, Any]], *, skip_stored: bool = False
+                ) -> list[Mapping[str, Any]]:
+    """Store ``rows`` in the view's shape (``fingerprint_id, op, inputs, hint_override,
+    precision, choice_hash, timing_ms, position, recorded_at``; ``id`` ignored), adding the
+    keys and runs they need: rows of one key with one ``recorded_at`` join one run. With
+    ``skip_stored``, the rows :func:`missing` would leave out are skipped. Returns the rows
+    stored. Inside the caller's write transaction; about six statements per 500 keys."""
+    if not rows:
+        return []
+    keep, row_keys, stamps, key_ids, run_ids = _unstored(conn, rows, skip_stored=skip_stored)
+    new_keys = [k for k in dict.fromkeys(row_keys[i] for i in keep) if k not in key_ids]
+    if new_keys:
+        ids = _new_ids(conn, _K, len(new_keys))
+        bulk_insert(conn, _K, [{"id": i, **dict(zip(_KEY_COLUMNS, k))} for i, k in zip(ids, new_keys)])
+        key_ids.update(zip(new_keys, ids))
+    row_runs = {i: (key_ids[row_keys[i]], stamps[i]) for i in keep}
+    new_runs = [s for s in dict.fromkeys(row_runs.values()) if s not in run_ids]
+    if new_runs:
+        ids = _new_ids(conn, _R, len(new_runs))
+        bulk_insert(conn, _R, [{"id": i, "key_id": kid, "recorded_at": at} for i, (kid, at) in zip(ids, new_runs)])
+        run_ids.update(zip(new_runs, ids))
+    bulk_insert(
+        conn,
+        _RT,
+        [
+            {
+                "run_id": run_ids[row_runs[i]],
+                "choice_hash": rows[i]["choice_hash"],
+                "timing_ms": rows[i]["timing_ms"],
+                "position": rows[i]["position"],
+            }
+            for i in keep
+        ],
+    )
+    return [rows[i] for i in keep]
 
 
 # Hot path for the live backend: every timing of one op on the fingerprints of a system hash.

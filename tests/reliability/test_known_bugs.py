@@ -283,7 +283,7 @@ def test_v2_export_of_a_damaged_best_config_is_a_clean_error(tmp_path: Path) -> 
      "sqlite3's own error message undecodable; the UnicodeDecodeError is not turned into DatabaseOpenError")
 def test_v3_open_with_a_damaged_schema_name_is_database_open_error(tmp_path: Path) -> None:
     path = _damaged(tmp_path, "UPDATE sqlite_master SET name = CAST(X'69ff' AS TEXT) "
-                              "WHERE name = 'ix_autotune_timings_lookup'")
+                              "WHERE name = 'ix_autotune_keys_lookup'")
     with pytest.raises(DatabaseOpenError):
         CacheDB(path)
 
