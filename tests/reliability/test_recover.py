@@ -147,9 +147,10 @@ def test_recover_saves_every_row_on_intact_pages(method: str, original, tmp_path
         target = tmp_path / f"saved{trial}.db"
         report = recover(damaged, target, method=method)
         got = _rows(target)
-        # parents first: a row whose parent row sits on a damaged page is left out (orphaned)
-        lost_parents = {("system_fingerprints", i) for i, ps in pages["system_fingerprints"].items() if ps & hit}
-        lost_parents |= {("cutlass_op_lists", i) for i, ps in pages.get("cutlass_op_lists", {}).items() if ps & hit}
+        # parents first: a row whose parent row (through any foreign key, transitively: a
+        # timing's run, the run's key, the key's fingerprint) sits on a damaged page is left
+        # out (orphaned) or saved without it
+        orphaned = _orphaned(path, rows, {(t, r) for t, by in rows.items() for r in by if pages[t][r] & hit})
         for table, by_rowid in rows.items():
             for rowid, values in by_rowid.items():
                 totals["rows"] += 1
@@ -160,9 +161,7 @@ def test_recover_saves_every_row_on_intact_pages(method: str, original, tmp_path
                     # a row on a damaged page is either left out or, where a damaged byte missed it,
                     # saved whole; its payload (if it has one) verified
                     continue
-                parent_lost = table != "system_fingerprints" and "fingerprint_id" in _columns(path, table) and \
-                    ("system_fingerprints", values[_columns(path, table).index("fingerprint_id")]) in lost_parents
-                if parent_lost:
+                if (table, rowid) in orphaned:
                     continue
                 totals["intact"] += 1
                 assert saved == values, (trial, method, table, rowid, sorted(hit))
@@ -180,6 +179,28 @@ def test_recover_saves_every_row_on_intact_pages(method: str, original, tmp_path
 
 
 _COLS: dict[tuple[Path, str], list[str]] = {}
+
+
+def _orphaned(path: Path, rows: dict[str, dict[int, tuple]], lost: set[tuple[str, int]]) -> set[tuple[str, int]]:
+    """The rows (``(table, rowid)``) whose parent through a foreign key is in ``lost`` or is
+    itself such a row."""
+    con = sqlite3.connect(path)
+    fks = {t: [(r[3], r[2]) for r in con.execute(f'PRAGMA foreign_key_list("{t}")')] for t in rows}
+    con.close()
+    out: set[tuple[str, int]] = set()
+    gone = set(lost)
+    changed = True
+    while changed:
+        changed = False
+        for table, by_rowid in rows.items():
+            for column, parent in fks[table]:
+                i = _columns(path, table).index(column)
+                for rowid, values in by_rowid.items():
+                    if (table, rowid) not in out and values[i] is not None and (parent, values[i]) in gone:
+                        out.add((table, rowid))
+                        gone.add((table, rowid))
+                        changed = True
+    return out
 
 
 def _columns(path: Path, table: str) -> list[str]:
