@@ -807,11 +807,7 @@ class _Transfer:
             mapped = [(m, n) for m, n in ((self._positioned(v), n) for v, n in batch) if m is not None]
             with self._write() as w:
                 stored = timings_repo.insert_flat(w, [m for m, _ in mapped], skip_stored=not self.fresh)
-            if len(stored) == len(mapped):
-                new = mapped
-            else:
-                kept = {id(r) for r in stored}
-                new = [(m, n) for m, n in mapped if id(m) in kept]
+            new = [mapped[i] for i in stored]
             self._added(table, new)
             self.report.tables[table].skipped += len(batch) - len(new)
             self._tick(table, batch)

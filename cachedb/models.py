@@ -34,8 +34,8 @@ from typing import Optional
 
 from sqlalchemy import (
     BigInteger,
-    Column,
     Boolean,
+    Column,
     DateTime,
     Float,
     ForeignKey,
@@ -405,7 +405,9 @@ class KernelArtifact(Base):
     blob: Mapped[KernelBlob] = relationship()
 
 
-#: Views created by the migrations. Tuning history (SQL in migrations/versions/0001_schema_v1.py):
+#: Views created by the migrations. Every timing flat (0004_compact_timings.py):
+#: ``autotune_timings`` (:data:`AUTOTUNE_TIMINGS`). Tuning history (SQL in 0001_schema_v1.py,
+#: recreated unchanged by 0004):
 #: ``autotune_current`` (latest timing of each choice), ``autotune_winners`` (fastest current
 #: choice per op, inputs, precision and fingerprint, with the number of candidates) and
 #: ``autotune_history`` (every benchmark with its fingerprint: device, torch version, host).

@@ -273,25 +273,18 @@ def store(conn: Connection, bundle: Bundle) -> int:
 def _insert_timings(conn: Connection, rows: list[dict[str, Any]]) -> int:
     """Timings DST lacks (same key, ``recorded_at`` and choice: history is never doubled),
     placed after everything DST holds in document order."""
-    new = [dict(r) for r in timings_repo.missing(conn, rows)]
-    if not new:
-        return 0
-    start = next_position(conn)  # type: ignore[arg-type]
-    new.sort(key=lambda r: r["position"])
-    for i, r in enumerate(new):
-        r["position"] = start + i
-    timings_repo.insert_flat(conn, new)
-    return len(new)
+    return len(timings_repo.insert_flat(conn, rows, skip_stored=True, place_after_stored=True))
 
 
 def _insert_new(conn: Connection, entry: Entry, table: str, rows: list[dict[str, Any]]) -> int:
+    """Rows of a table keyed by its natural key (guarded entries, kernel files) that DST lacks:
+    one query per 500 of the bundle's keys."""
     t = _T[table]
     key_cols = [t.c[c] for c in _NATURAL_COLUMNS[table]]
-    narrow = "key"
-    values = sorted({r[narrow] for r in rows})
+    values = sorted({r["key"] for r in rows})
     have: set[tuple[Any, ...]] = set()
     for start in range(0, len(values), 500):
-        for found in conn.execute(select(*key_cols).where(t.c[narrow].in_(values[start:start + 500]))):
+        for found in conn.execute(select(*key_cols).where(t.c.key.in_(values[start:start + 500]))):
             have.add(tuple(_utc(v) for v in found))
     new = []
     for r in rows:
@@ -299,14 +292,8 @@ def _insert_new(conn: Connection, entry: Entry, table: str, rows: list[dict[str,
         if k not in have:
             have.add(k)
             new.append(r)
-    if not new:
-        return 0
-    if "position" in t.c:  # document order: after everything DST holds
-        start = next_position(conn)  # type: ignore[arg-type]
-        new.sort(key=lambda r: r["position"])
-        for i, r in enumerate(new):
-            r["position"] = start + i
-    bulk_insert(conn, t, new)
+    if new:
+        bulk_insert(conn, t, new)
     return len(new)
 
 

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from sqlalchemy import Connection, func, select
 
 from cachedb import CacheDB
+from cachedb._bulk import utc
 from cachedb.fingerprint import Fingerprint
 from cachedb.models import AUTOTUNE_TIMINGS, AutotuneKey, AutotuneRun
 from cachedb.repositories import timings as timings_repo
@@ -56,7 +57,7 @@ def _stored(conn: Connection) -> dict[tuple, tuple]:
     out = {}
     for row in conn.execute(select(view)).mappings():
         values = dict(row)
-        values["recorded_at"] = timings_repo.utc(values["recorded_at"])
+        values["recorded_at"] = utc(values["recorded_at"])
         assert _natural(values) not in out, "a benchmark stored twice"
         out[_natural(values)] = (values["timing_ms"], values["position"])
     return out
@@ -89,16 +90,25 @@ def test_insert_flat_stores_each_benchmark_once(db: CacheDB, fps: tuple[int, int
     second = data.draw(_rows(fps), label="second")
 
     def body(conn: Connection) -> None:
-        stored = timings_repo.insert_flat(conn, first, skip_stored=True)
+        stored = [first[i] for i in timings_repo.insert_flat(conn, first, skip_stored=True)]
         assert _first(stored) == _first(first) and len(stored) == len(_first(first))
         assert _stored(conn) == _first(first)
-        assert timings_repo.missing(conn, first) == []
         assert timings_repo.insert_flat(conn, first, skip_stored=True) == []  # idempotent
 
         expected = {**_first(second), **_first(first)}  # what is stored stays
-        added = timings_repo.insert_flat(conn, second, skip_stored=True)
+        added = [second[i] for i in timings_repo.insert_flat(conn, second, skip_stored=True)]
         assert {_natural(r) for r in added} == set(_first(second)) - set(_first(first))
         assert _stored(conn) == expected
+
+        # tier sync: what is added goes after everything stored, in the rows' own order
+        third = data.draw(_rows(fps), label="third")
+        top = timings_repo.next_position(conn)
+        placed = timings_repo.insert_flat(conn, third, skip_stored=True, place_after_stored=True)
+        now = _stored(conn)
+        by_own_position = sorted(placed, key=lambda i: third[i]["position"])
+        assert [now[_natural(third[i])][1] for i in by_own_position] == list(range(top, top + len(placed)))
+        expected.update((_natural(third[i]), (third[i]["timing_ms"], now[_natural(third[i])][1])) for i in placed)
+        assert now == expected
 
         keys = {k[:5] for k in expected}
         runs = {k[:6] for k in expected}

@@ -281,57 +281,51 @@ def _new_ids(conn: Connection, table: Any, n: int) -> list[int]:
     return list(range(start, start + n))
 
 
-def missing(conn: Connection, rows: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    """The rows (the view's columns) whose benchmark the database does not hold: no timing of
-    the same choice in a run of the same key recorded at the same instant (a row repeated
-    within ``rows`` counts once). Order kept."""
-    return [rows[i] for i in _unstored(conn, rows)[0]]
+def insert_flat(conn: Connection, rows: Sequence[Mapping[str, Any]], *, skip_stored: bool = False,
+                place_after_stored: bool = False) -> list[int]:
+    """Store ``rows`` in the view's shape (``fingerprint_id, op, inputs, hint_override,
+    precision, choice_hash, timing_ms, position, recorded_at``; ``id`` ignored), adding the
+    keys and runs they need: rows of one key with one ``recorded_at`` join one run.
 
-
-def _unstored(conn: Connection, rows: Sequence[Mapping[str, Any]], *, skip_stored: bool = True
-              ) -> tuple[list[int], list[tuple[Any, ...]], list[Any], dict[tuple[Any, ...], int], dict[tuple[int, Any], int]]:
-    """``(indexes of the rows to store, row keys, row timestamps, key ids, run ids)``: the
-    lookups :func:`missing` and :func:`insert_flat` share (keys, then the runs of the keys
-    found: a new key has none)."""
+    ``skip_stored``: leave out the rows whose benchmark is stored already (a timing of the
+    same choice in a run of the same key recorded at the same instant) and repeats within
+    ``rows``. ``place_after_stored``: the rows stored take the document positions after
+    everything the database holds, in the order of their own positions (the rows are not
+    modified). Returns the indexes of the rows stored. Inside the caller's write transaction;
+    about six statements per 500 keys."""
+    if not rows:
+        return []
     row_keys = [_key_of(r) for r in rows]
     stamps = [utc(r["recorded_at"]) for r in rows]
     key_ids = _key_ids(conn, row_keys)
-    run_ids = _run_ids(conn, key_ids.values()) if key_ids else {}
-    if not skip_stored:
-        return list(range(len(rows))), row_keys, stamps, key_ids, run_ids
-    held = _held(conn, run_ids.values()) if run_ids else set()
-    keep: list[int] = []
-    seen: set[tuple[Any, ...]] = set()
-    for i, r in enumerate(rows):
-        choice = r["choice_hash"]
-        natural = (row_keys[i], stamps[i], choice)
-        if natural in seen:
-            continue
-        seen.add(natural)
-        kid = key_ids.get(row_keys[i])
-        rid = run_ids.get((kid, stamps[i])) if kid is not None else None
-        if rid is None or (rid, choice) not in held:
-            keep.append(i)
-    return keep, row_keys, stamps, key_ids, run_ids
-
-
-def insert_flat(conn: Connection, rows: Sequence[Mapping[str, Any]], *, skip_stored: bool = False
-                ) -> list[Mapping[str, Any]]:
-    """Store ``rows`` in the view's shape (``fingerprint_id, op, inputs, hint_override,
-    precision, choice_hash, timing_ms, position, recorded_at``; ``id`` ignored), adding the
-    keys and runs they need: rows of one key with one ``recorded_at`` join one run. With
-    ``skip_stored``, the rows :func:`missing` would leave out are skipped. Returns the rows
-    stored. Inside the caller's write transaction; about six statements per 500 keys."""
-    if not rows:
+    run_ids = _run_ids(conn, key_ids.values()) if key_ids else {}  # a new key has no runs
+    keep = list(range(len(rows)))
+    if skip_stored:
+        held = _held(conn, run_ids.values()) if run_ids else set()
+        keep, seen = [], set()
+        for i, r in enumerate(rows):
+            natural = (row_keys[i], stamps[i], r["choice_hash"])
+            if natural in seen:
+                continue
+            seen.add(natural)
+            kid = key_ids.get(row_keys[i])
+            rid = run_ids.get((kid, stamps[i])) if kid is not None else None
+            if rid is None or (rid, r["choice_hash"]) not in held:
+                keep.append(i)
+    if not keep:
         return []
-    keep, row_keys, stamps, key_ids, run_ids = _unstored(conn, rows, skip_stored=skip_stored)
+    positions = {i: rows[i]["position"] for i in keep}
+    if place_after_stored:
+        start = next_position(conn)
+        for n, i in enumerate(sorted(keep, key=lambda i: rows[i]["position"])):
+            positions[i] = start + n
     new_keys = [k for k in dict.fromkeys(row_keys[i] for i in keep) if k not in key_ids]
     if new_keys:
         ids = _new_ids(conn, _K, len(new_keys))
         bulk_insert(conn, _K, [{"id": i, **dict(zip(_KEY_COLUMNS, k))} for i, k in zip(ids, new_keys)])
         key_ids.update(zip(new_keys, ids))
-    row_runs = {i: (key_ids[row_keys[i]], stamps[i]) for i in keep}
-    new_runs = [s for s in dict.fromkeys(row_runs.values()) if s not in run_ids]
+    row_runs = [(key_ids[row_keys[i]], stamps[i]) for i in keep]
+    new_runs = [s for s in dict.fromkeys(row_runs) if s not in run_ids]
     if new_runs:
         ids = _new_ids(conn, _R, len(new_runs))
         bulk_insert(conn, _R, [{"id": i, "key_id": kid, "recorded_at": at} for i, (kid, at) in zip(ids, new_runs)])
@@ -341,15 +335,15 @@ def insert_flat(conn: Connection, rows: Sequence[Mapping[str, Any]], *, skip_sto
         _RT,
         [
             {
-                "run_id": run_ids[row_runs[i]],
+                "run_id": run_ids[run],
                 "choice_hash": rows[i]["choice_hash"],
                 "timing_ms": rows[i]["timing_ms"],
-                "position": rows[i]["position"],
+                "position": positions[i],
             }
-            for i in keep
+            for i, run in zip(keep, row_runs)
         ],
     )
-    return [rows[i] for i in keep]
+    return keep
 
 
 # Hot path for the live backend: every timing of one op on the fingerprints of a system hash.
