@@ -289,17 +289,29 @@ class HotReadError(CacheDBError):
 
 @dataclass(frozen=True, slots=True)
 class _Compiled:
-    """A Core statement compiled once for one dialect: SQL text and its parameter order."""
+    """A Core statement compiled once for one dialect: SQL text, its parameter order, and the
+    bind processors of the types that need one (``DateTime`` on SQLite, ...)."""
 
     sql: str
     names: tuple[str, ...] | None  # positional dialects (SQLite): bind names in order
     defaults: Mapping[str, Any]  # values bound when the statement was built (LIMIT 1, ...)
+    processors: Mapping[str, Callable[[Any], Any]]  # bind name -> the type's bind processor
 
     def params(self, values: Mapping[str, Any]) -> Any:
         merged = {**self.defaults, **values} if self.defaults else values
+        if self.processors:
+            merged = dict(merged)
+            for name, process in self.processors.items():
+                if merged.get(name) is not None:
+                    merged[name] = process(merged[name])
         if self.names is None:
             return merged
         return tuple(merged[name] for name in self.names)
+
+
+class HotWriteError(CacheDBError):
+    """A hot-path write failed in the database driver (locked past the timeout, damaged,
+    disconnected, a constraint, ...); nothing of it was committed."""
 
 
 #: Connections a forked child inherited: never used, never closed (closing SQLite's handle in
@@ -308,15 +320,18 @@ _INHERITED: list[Any] = []
 
 
 class KeptConnection:
-    """One database connection kept open for the life of a process, for hot-path reads.
+    """One database connection kept open for the life of a process, for the hot paths.
 
     A ``CacheDB`` call costs a pool checkout, ``BEGIN``, an ORM session and a rollback per
     call (~200 µs) around a ~20 µs SELECT; this connection is opened once and reused:
 
-    - :meth:`fetch` runs a prebuilt Core ``SELECT`` (compiled once per statement, binds only
-      ``str``/``int``/``None``) on the driver connection in autocommit mode: on SQLite each
-      statement is its own read transaction, so it sees every write other processes committed
-      before it, and no snapshot stays open between calls (PostgreSQL: rolled back after).
+    - :meth:`fetch` runs a prebuilt Core ``SELECT`` (compiled once per statement) on the
+      driver connection in autocommit mode: on SQLite each statement is its own read
+      transaction, so it sees every write other processes committed before it, and no
+      snapshot stays open between calls (PostgreSQL: rolled back after).
+    - :meth:`write` runs one prebuilt Core statement (an upsert) in its own write transaction:
+      on SQLite ``BEGIN IMMEDIATE`` (queued with short sleeps, :func:`begin_immediate`), the
+      statement, ``COMMIT``: the write lock is held for that one statement only.
     - :meth:`acquire` lends the connection as a SQLAlchemy :class:`~sqlalchemy.Connection` for
       a block (``CacheDB.lookup``: BEGIN ... ROLLBACK on the kept connection).
 
@@ -325,10 +340,12 @@ class KeptConnection:
     opens its own on first use and never touches the one it inherited.
     """
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, *, busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S) -> None:
         self._engine = engine
+        self._busy_timeout_s = busy_timeout_s
         self._lock = threading.Lock()
         self._conn: Connection | None = None
+        self._dbapi: Any = None  # the driver connection of _conn
         self._pid = os.getpid()
         self._compiled: dict[int, tuple[ClauseElement, _Compiled]] = {}
         self._sqlite = engine.dialect.name == "sqlite"
@@ -348,6 +365,7 @@ class KeptConnection:
         if self._conn is not None:
             _INHERITED.append(self._conn)
         self._conn = None
+        self._dbapi = None
         self._lock = threading.Lock()
         self._pid = os.getpid()
 
@@ -355,11 +373,17 @@ class KeptConnection:
         found = self._compiled.get(id(stmt))
         if found is not None and found[0] is stmt:
             return found[1]
-        compiled = stmt.compile(dialect=self._engine.dialect)
+        dialect = self._engine.dialect
+        compiled = stmt.compile(dialect=dialect)
         positions = getattr(compiled, "positiontup", None)
         defaults = {k: v for k, v in compiled.params.items() if v is not None}
+        processors: dict[str, Callable[[Any], Any]] = {}
+        for bind, name in compiled.bind_names.items():
+            process = bind.type.dialect_impl(dialect).bind_processor(dialect)
+            if process is not None:
+                processors[name] = process
         entry = _Compiled(
-            compiled.string, tuple(positions) if self._engine.dialect.positional else None, defaults
+            compiled.string, tuple(positions) if dialect.positional else None, defaults, processors
         )
         self._compiled[id(stmt)] = (stmt, entry)  # keeps stmt alive: its id stays unique
         return entry
@@ -368,10 +392,11 @@ class KeptConnection:
         conn = self._conn
         if conn is None or conn.closed or conn.invalidated:
             conn = self._conn = self._engine.connect()
+            self._dbapi = conn.connection.driver_connection
         return conn
 
     def _discard(self) -> None:
-        conn, self._conn = self._conn, None
+        conn, self._conn, self._dbapi = self._conn, None, None
         if conn is not None:
             try:
                 conn.invalidate()
@@ -403,6 +428,9 @@ class KeptConnection:
         finally:
             lock.release()
 
+    def _driver_error(self, exc: Exception) -> bool:
+        return isinstance(exc, (DBAPIError, self._engine.dialect.loaded_dbapi.Error))
+
     def fetch(self, stmt: ClauseElement, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
         """All rows of the prebuilt Core ``SELECT`` ``stmt`` with ``params``, read in autocommit.
 
@@ -410,27 +438,104 @@ class KeptConnection:
             HotReadError: the driver failed (the connection is then discarded; the next call
                 opens a new one).
         """
-        with self.acquire() as conn:
-            if conn is None:
-                with self._engine.connect() as pooled:
-                    return [tuple(r) for r in pooled.execute(stmt, dict(params))]
+        if os.getpid() != self._pid:
+            self._forget_inherited()
+        lock = self._lock
+        if self.closed or not lock.acquire(blocking=False):
+            with self._engine.connect() as pooled:
+                return [tuple(r) for r in pooled.execute(stmt, dict(params))]
+        try:
             compiled = self._compile(stmt)
             try:
-                dbapi_conn = conn.connection.driver_connection
-                cursor = dbapi_conn.cursor()
+                dbapi = self._dbapi if self._conn is not None and self._dbapi is not None else None
+                if dbapi is None:
+                    self._connection()
+                    dbapi = self._dbapi
+                if self._sqlite:  # autocommit: the statement is its own read transaction
+                    return dbapi.execute(compiled.sql, compiled.params(params)).fetchall()  # type: ignore[no-any-return]
+                cursor = dbapi.cursor()
                 try:
                     cursor.execute(compiled.sql, compiled.params(params))
-                    rows = cursor.fetchall()
+                    rows: list[tuple[Any, ...]] = cursor.fetchall()
                 finally:
                     cursor.close()
-                if not self._sqlite:
-                    dbapi_conn.rollback()  # psycopg opened a transaction: end it
+                dbapi.rollback()  # psycopg opened a transaction: end it
+                return rows
             except Exception as exc:
                 self._discard()
-                if isinstance(exc, (DBAPIError, self._engine.dialect.loaded_dbapi.Error)):
+                if self._driver_error(exc):
                     raise HotReadError(f"read failed: {type(exc).__name__}: {exc}") from exc
                 raise
-            return rows
+        finally:
+            lock.release()
+
+    def write(self, stmt: ClauseElement, params: Mapping[str, Any]) -> int:
+        """Run the prebuilt Core statement ``stmt`` (an INSERT/UPDATE/upsert) with ``params`` in
+        its own write transaction and commit it. Returns the rows it changed (the driver's
+        rowcount: 0 for an upsert whose ``WHERE`` kept the stored row).
+
+        On SQLite: ``BEGIN IMMEDIATE`` queued with short sleeps for up to the busy timeout
+        (:func:`begin_immediate`), the statement, ``COMMIT``. Elsewhere: the statement and
+        ``COMMIT``. When another thread holds the kept connection, a pooled one is used.
+
+        Raises:
+            HotWriteError: the driver failed or the lock was not had within the busy timeout;
+                the transaction was rolled back (nothing of it is stored).
+        """
+        if os.getpid() != self._pid:
+            self._forget_inherited()
+        lock = self._lock
+        if self.closed or not lock.acquire(blocking=False):
+            with self._engine.connect().execution_options(**{WRITE_OPTION: True}) as pooled:
+                try:
+                    with pooled.begin():
+                        return int(pooled.execute(stmt, dict(params)).rowcount)
+                except DBAPIError as exc:
+                    raise HotWriteError(f"write failed: {type(exc).__name__}: {exc}") from exc
+        try:
+            compiled = self._compile(stmt)
+            try:
+                if self._conn is None or self._dbapi is None:
+                    self._connection()
+                dbapi = self._dbapi
+            except Exception as exc:
+                self._discard()
+                if self._driver_error(exc):
+                    raise HotWriteError(f"write failed: {type(exc).__name__}: {exc}") from exc
+                raise
+            began = False
+            try:
+                if self._sqlite:
+                    begin_immediate(dbapi, self._busy_timeout_s)
+                    began = True
+                    count = dbapi.execute(compiled.sql, compiled.params(params)).rowcount
+                    dbapi.execute("COMMIT")
+                    began = False
+                    return int(count)
+                cursor = dbapi.cursor()
+                try:
+                    began = True
+                    cursor.execute(compiled.sql, compiled.params(params))
+                    count = cursor.rowcount
+                finally:
+                    cursor.close()
+                dbapi.commit()
+                began = False
+                return int(count)
+            except Exception as exc:
+                if began:
+                    try:
+                        if self._sqlite:
+                            dbapi.execute("ROLLBACK")
+                        else:
+                            dbapi.rollback()
+                    except Exception:
+                        self._discard()
+                if self._driver_error(exc):
+                    raise HotWriteError(f"write failed: {type(exc).__name__}: {exc}") from exc
+                raise
+        finally:
+            lock.release()
 
     def close(self) -> None:
         """Close the kept connection (this process's; an inherited one is left alone)."""
@@ -441,3 +546,4 @@ class KeptConnection:
                     self._conn.close()
                 finally:
                     self._conn = None
+                    self._dbapi = None

@@ -125,7 +125,7 @@ class CacheDB:
             self.engine.dispose()
             raise
         #: The connection kept for hot-path reads (:meth:`lookup`, the live backend's reads).
-        self.kept = KeptConnection(self.engine)
+        self.kept = KeptConnection(self.engine, busy_timeout_s=busy_timeout_s)
 
     # -- schema ---------------------------------------------------------------------------
 

@@ -198,3 +198,106 @@ def test_begin_immediate_waits_in_short_steps(tmp_path: Path) -> None:
     holder.execute("ROLLBACK")
     holder.close()
     waiter.close()
+
+
+def _best_config_rows(db: CacheDB) -> list[tuple]:  # type: ignore[type-arg]
+    """Every best config as the ORM reads it (its DateTime processing included)."""
+    from sqlalchemy import select
+
+    from cachedb.models import BestConfig
+
+    with db.read() as repos:
+        return [
+            (b.key, b.content, b.num_warps, b.fingerprint_id, b.created_at, b.updated_at)
+            for b in repos.session.scalars(select(BestConfig).order_by(BestConfig.key))
+        ]
+
+
+def test_hot_write_upserts_one_best_config(db: CacheDB) -> None:
+    """``KeptConnection.write`` with the best-config upsert (SQLite and PostgreSQL): a new key
+    is inserted, the same content changes nothing, new content replaces the content and its
+    columns but keeps the creation time and the fingerprint that first wrote it; timestamps
+    read back through the ORM as the ORM writes them."""
+    with db.transaction() as repos:
+        fp_id = repos.fingerprints.ensure(current_fingerprint())
+        repos.best_configs.put("ab/orm.best_config", '{"num_warps": 2}', fingerprint_id=fp_id)
+    upsert = best_configs_repo.UPSERT_BY_DIALECT[db.engine.dialect.name]
+
+    def params(key: str, content: str, fp: int | None) -> dict:  # type: ignore[type-arg]
+        columns = best_configs_repo.prepare_columns(db.signer, key, content)
+        return best_configs_repo.upsert_params(key, content, columns, fp)
+
+    assert db.kept.write(upsert, params("ab/k.best_config", '{"num_warps": 4}', fp_id)) == 1
+    first = {r[0]: r for r in _best_config_rows(db)}
+    assert first["ab/k.best_config"][1:4] == ('{"num_warps": 4}', 4, fp_id)
+    assert first["ab/k.best_config"][4] == first["ab/k.best_config"][5]
+    time.sleep(0.01)
+    assert db.kept.write(upsert, params("ab/k.best_config", '{"num_warps": 4}', None)) == 0  # same content
+    assert {r[0]: r for r in _best_config_rows(db)} == first
+    assert db.kept.write(upsert, params("ab/k.best_config", '{"num_warps": 8}', None)) == 1
+    now = {r[0]: r for r in _best_config_rows(db)}
+    assert now["ab/k.best_config"][1:5] == ('{"num_warps": 8}', 8, fp_id, first["ab/k.best_config"][4])
+    assert now["ab/k.best_config"][5] > first["ab/k.best_config"][5]
+    assert now["ab/orm.best_config"] == first["ab/orm.best_config"]  # the other row untouched
+    with db.lookup() as repos:
+        assert repos.best_configs.get("ab/k.best_config") == '{"num_warps": 8}'
+    if db.path is not None:  # SQLite keeps DateTime as text: the same format as the ORM's
+        import re
+
+        raw = sqlite3.connect(db.path)
+        stamps = raw.execute("SELECT key, created_at, updated_at FROM best_configs").fetchall()
+        raw.close()
+        assert {k for k, *_ in stamps} == {"ab/orm.best_config", "ab/k.best_config"}
+        assert all(re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{6}", t) for _, *ts in stamps for t in ts), stamps
+    db.close()
+
+
+def test_hot_write_waits_for_the_lock_and_fails_clean(tmp_path: Path) -> None:
+    """A hot write queued behind another writer's transaction goes in once it commits; one
+    still locked out past the busy timeout raises HotWriteError and stores nothing; the live
+    store then logs and carries on (the put is dropped, the next put works)."""
+    from cachedb._engine import HotWriteError
+
+    path = tmp_path / "w.db"
+    store = LiveStore(str(path), timeout_s=0.2)
+    store.best_config_put("ab/first.best_config", CONFIG)  # records the fingerprint (ORM path)
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    holder.execute("BEGIN IMMEDIATE")
+    threading.Timer(0.05, lambda: holder.execute("COMMIT")).start()
+    store.best_config_put("ab/queued.best_config", CONFIG)
+    assert store.best_config_get("ab/queued.best_config") == CONFIG
+    holder.execute("BEGIN IMMEDIATE")
+    upsert = best_configs_repo.UPSERT_BY_DIALECT["sqlite"]
+    columns = best_configs_repo.prepare_columns(None, "ab/locked.best_config", CONFIG.decode())
+    with pytest.raises(HotWriteError, match="locked"):
+        store.db.kept.write(upsert, best_configs_repo.upsert_params("ab/locked.best_config", CONFIG.decode(), columns, None))
+    store.best_config_put("ab/locked.best_config", CONFIG)  # logged, dropped
+    holder.execute("ROLLBACK")
+    assert store.best_config_get("ab/locked.best_config") is None
+    assert "best config write" in store._warned
+    store.best_config_put("ab/after.best_config", CONFIG)
+    assert store.best_config_get("ab/after.best_config") == CONFIG
+    holder.close()
+    store.close()
+
+
+def test_hot_writes_from_threads_all_land(tmp_path: Path) -> None:
+    """Threads putting at once: the one holding the kept connection writes on it, the others
+    on pooled connections; every put is stored."""
+    store = LiveStore(str(tmp_path / "t.db"))
+    store.best_config_put("ab/first.best_config", CONFIG)
+
+    def writer(t: int) -> None:
+        for i in range(50):
+            store.best_config_put(f"t{t}/{i}.best_config", b'{"num_warps": %d}' % i)
+
+    threads = [threading.Thread(target=writer, args=(t,)) for t in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not store._warned
+    with store.db.read() as repos:
+        assert sum(1 for _ in repos.best_configs.iter_all()) == 201
+    assert store.best_config_get("t3/49.best_config") == b'{"num_warps": 49}'
+    store.close()

@@ -10,6 +10,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from sqlalchemy import text
 
 from cachedb import CacheDB
@@ -331,3 +333,17 @@ def test_best_config_key_is_relative_to_whichever_cache_dir_wrote_it() -> None:
     # cache dir asks for the old one. Both must find the same row.
     assert best_config_key("/tmp/cold/s5/e22b29.best_config") == "s5/e22b29.best_config"
     assert best_config_key("/home/u/.cache/ind/s5/e22b29.best_config") == "s5/e22b29.best_config"
+
+
+_PATH_PARTS = st.sampled_from(["", ".", "..", "s5", ".cache", "e22b29.best_config", "a.b", "x\\y"])
+
+
+@given(st.lists(_PATH_PARTS, min_size=1, max_size=6), st.booleans())
+def test_best_config_key_fast_path_agrees_with_normpath(parts: list[str], absolute: bool) -> None:
+    """The split on the last two ``/`` gives what ``os.path.normpath`` and the last two parts
+    give, for paths with empty, ``.`` and ``..`` parts anywhere."""
+    from cachedb.live._seams import best_config_key
+
+    path = ("/" if absolute else "") + "/".join(parts)
+    expected = "/".join(os.path.normpath(path).replace(os.sep, "/").split("/")[-2:])
+    assert best_config_key(path) == expected

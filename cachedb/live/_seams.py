@@ -108,8 +108,15 @@ def best_config_key(path: str) -> str:
     process with another ``cache_dir()`` asks for the old directory's path; keying on the last
     two parts serves it from any cache dir.
     """
+    parts = path.rsplit("/", 2)
+    if len(parts) == 3 and "\\" not in path and parts[1] not in _NOT_NAMES and parts[2] not in _NOT_NAMES:
+        return f"{parts[1]}/{parts[2]}"  # what normpath would leave of the last two parts
     parts = os.path.normpath(path).replace(os.sep, "/").split("/")
     return "/".join(parts[-2:])
+
+
+#: Path parts that ``os.path.normpath`` rewrites (empty, ``.``, ``..``).
+_NOT_NAMES = frozenset({"", ".", ".."})
 
 
 def _guarded_seams(store: LiveStore, cls: type, kind: str, base_iterate: Callable[..., Any]) -> list[_Patch]:

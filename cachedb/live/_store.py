@@ -366,7 +366,7 @@ class LiveStore:
 
     def best_config_get(self, key: str) -> bytes | None:
         def read() -> bytes | None:
-            db = self.db
+            db = self._db or self.db
             rows = db.kept.fetch(best_configs_repo.GET_BY_KEY, {"key": key})
             if not rows:
                 return None
@@ -385,12 +385,13 @@ class LiveStore:
             content = data.decode("utf-8")
             columns = best_configs_repo.prepare_columns(db.signer, key, content)  # before BEGIN IMMEDIATE
             fp_id = self._known_fingerprint_id()
-            if fp_id is None:  # first write of this process: records its fingerprint (ORM)
+            upsert = best_configs_repo.UPSERT_BY_DIALECT.get(db.engine.dialect.name)
+            if fp_id is None or upsert is None:  # first write of this process: records its fingerprint (ORM)
                 with db.transaction() as repos:
-                    repos.best_configs.put(key, content, fingerprint_id=self._fingerprint_id(repos), columns=columns)
-            else:
-                with db.write() as repos:
+                    fp_id = self._fingerprint_id(repos)
                     repos.best_configs.put(key, content, fingerprint_id=fp_id, columns=columns)
+            else:  # one upsert on the kept connection, the write lock held for it alone
+                db.kept.write(upsert, best_configs_repo.upsert_params(key, content, columns, fp_id))
             log.debug("best config write %s", key)
             return True
 

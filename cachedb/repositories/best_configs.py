@@ -8,7 +8,10 @@ from collections.abc import Iterator
 from typing import Any
 
 from sqlalchemy import bindparam, insert, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.sql import Insert
 from sqlalchemy.orm import Session
 
 from .._engine import holds_write_lock
@@ -22,6 +25,29 @@ GET_BY_KEY = select(_B.c.content, _B.c.signature).where(_B.c.key == bindparam("k
 _GET = GET_BY_KEY
 _ROW = select(_B.c.id, _B.c.content).where(_B.c.key == bindparam("key"))
 _INSERT = insert(_B)
+
+#: The columns an upsert binds (``id`` comes from the database).
+_UPSERT_COLUMNS = (
+    "key", "content", "configs_hash", "num_warps", "num_stages", "found_by_coordesc", "time_taken_ms",
+    "triton_cache_hash", "kernel_kwargs", "signature", "fingerprint_id", "created_at", "updated_at",
+)
+#: What a changed config replaces: everything but its key, fingerprint and creation time.
+_UPSERT_REPLACED = tuple(c for c in _UPSERT_COLUMNS if c not in ("key", "fingerprint_id", "created_at"))
+
+
+def _upsert(make: Any) -> Insert:
+    stmt = make(_B).values({name: bindparam(name) for name in _UPSERT_COLUMNS})
+    return stmt.on_conflict_do_update(  # type: ignore[no-any-return]
+        index_elements=[_B.c.key],
+        set_={name: stmt.excluded[name] for name in _UPSERT_REPLACED},
+        where=_B.c.content != stmt.excluded.content,
+    )
+
+
+#: Hot path: store (or replace) one best config in one statement, ``INSERT ... ON CONFLICT
+#: (key) DO UPDATE ... WHERE content differs`` (SQLite >= 3.24 and PostgreSQL): no read inside
+#: the write transaction. Binds: :data:`_UPSERT_COLUMNS` (:func:`upsert_params`).
+UPSERT_BY_DIALECT: dict[str, Insert] = {"sqlite": _upsert(sqlite_insert), "postgresql": _upsert(pg_insert)}
 
 #: Keys of a best config that are not Triton ``Config.kwargs``
 #: (``AutotuneCache._save``, torch/_inductor/runtime/autotune_cache.py).
@@ -86,6 +112,14 @@ def prepare_columns(signer: Signer | None, key: str, content: str) -> dict[str, 
     columns = extract_columns(content, where=key)
     columns["signature"] = signer.best_config(key, content) if signer else None
     return columns
+
+
+def upsert_params(key: str, content: str, columns: dict[str, Any], fingerprint_id: int | None) -> dict[str, Any]:
+    """The binds of :data:`UPSERT_BY_DIALECT` for the best config ``content`` at ``key``;
+    ``columns``: :func:`prepare_columns` of them."""
+    now = utcnow()
+    return {"key": key, "content": content, "fingerprint_id": fingerprint_id, "created_at": now,
+            "updated_at": now, **columns}
 
 
 def checked_content(signer: Signer | None, key: str, content: str, signature: str | None) -> str:
