@@ -301,3 +301,56 @@ def test_hot_writes_from_threads_all_land(tmp_path: Path) -> None:
         assert sum(1 for _ in repos.best_configs.iter_all()) == 201
     assert store.best_config_get("t3/49.best_config") == b'{"num_warps": 49}'
     store.close()
+
+
+def test_hot_guarded_put_inserts_each_variant_once(real_cache: tuple[Path, dict], db_url: str) -> None:
+    """Live FX graph puts after the first (SQLite and PostgreSQL): one INSERT ... ON CONFLICT DO
+    NOTHING on the kept connection stores the real entry with its scanned guards and this
+    process's fingerprint; the same variant again adds nothing; pending hit counts go in with
+    the next put (the ORM path) rather than waiting for exit."""
+    from sqlalchemy import select
+
+    from cachedb._pickle_scan import read_entry_fields
+    from cachedb.models import GuardedEntry
+
+    cache_dir, _ = real_cache
+    entries = [(p.parent.name, p.name, p.read_bytes()) for p in sorted((cache_dir / "fxgraph").glob("*/*/*"))]
+    assert len(entries) >= 2, "the real cache has two FX graph entries"
+    (k0, v0, d0), (k1, v1, d1) = entries[:2]
+    store = LiveStore(db_url)
+    store.guarded_put("fxgraph", k0, d0)  # first write: records the fingerprint (ORM)
+    store.guarded_put("fxgraph", k1, d1)  # the one-statement path
+    store.guarded_put("fxgraph", k1, d1)  # stored already: nothing new
+    assert dict(store.guarded_candidates("fxgraph", k1)) == {v1: d1}
+    with store.db.read() as repos:
+        rows = {(g.key, g.variant): g for g in repos.session.scalars(select(GuardedEntry))}
+    assert set(rows) == {(k0, v0), (k1, v1)}
+    fields = read_entry_fields(d1)
+    row = rows[(k1, v1)]
+    assert (row.guards_expr, row.time_taken_ns, row.size_bytes) == (fields.guards_expr, fields.time_taken_ns, len(d1))
+    assert row.fingerprint_id == rows[(k0, v0)].fingerprint_id is not None
+    assert row.created_at == row.last_used_at and row.hit_count == 0
+    store.note_hit("fxgraph", k1, v1)
+    store.guarded_put("fxgraph", k0, d0)  # with a pending hit: written in the same transaction
+    with store.db.read() as repos:
+        assert repos.session.scalars(select(GuardedEntry.hit_count).where(GuardedEntry.key == k1)).one() == 1
+    assert not store._warned
+    store.close()
+
+
+def test_large_payloads_are_compressed_at_the_large_level(real_cache: tuple[Path, dict]) -> None:
+    """Payloads of 1 MiB and more are compressed at ZSTD_LEVEL_LARGE, smaller ones at
+    ZSTD_LEVEL; both unpack to the same bytes under their checksum."""
+    import zstandard
+
+    from cachedb import _payload
+
+    cache_dir, _ = real_cache
+    real = b"".join(p.read_bytes() for p in sorted(cache_dir.rglob("*")) if p.is_file() and p.suffix in (".so", ".py"))
+    small = real[: _payload.LARGE_PAYLOAD_BYTES - 1]
+    large = (real * (1 + _payload.LARGE_PAYLOAD_BYTES // max(len(real), 1)))[: _payload.LARGE_PAYLOAD_BYTES]
+    for data, level in ((small, _payload.ZSTD_LEVEL), (large, _payload.ZSTD_LEVEL_LARGE)):
+        packed = _payload.pack(data)
+        assert packed.blob == zstandard.ZstdCompressor(level=level, write_content_size=True).compress(data)
+        assert _payload.unpack(packed.blob, packed.size_bytes, packed.checksum, where="t") == data
+    assert _payload.ZSTD_LEVEL != _payload.ZSTD_LEVEL_LARGE

@@ -233,17 +233,20 @@ class LiveStore:
             db = self.db
             fp_id = self._known_fingerprint_id()
             # Hash (once), scan, compress and sign before BEGIN IMMEDIATE: the write lock is
-            # held only for the existence check and the INSERT.
+            # held only for the INSERT (and the existence check, on the ORM paths).
             prepared = guarded_repo.prepare_pickled(kind, key, content, signer=db.signer, fingerprint_id=fp_id)
+            insert_new = guarded_repo.INSERT_NEW_BY_DIALECT.get(db.engine.dialect.name)
             if fp_id is None:  # first write of this process: records its fingerprint (ORM)
                 with db.transaction() as repos:
                     prepared.row["fingerprint_id"] = self._fingerprint_id(repos)
                     repos.guarded.put_prepared(prepared)
                     self._take_hits(repos)
-            else:
+            elif self._hits or insert_new is None:  # hit counts go in the same transaction
                 with db.write() as repos:
                     repos.guarded.put_prepared(prepared)
                     self._take_hits(repos)
+            else:  # one INSERT ... ON CONFLICT DO NOTHING on the kept connection
+                db.kept.write(insert_new, guarded_repo.insert_params(prepared))
             log.debug("%s write %s", kind, key)
             return True
 

@@ -8,7 +8,10 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from sqlalchemy import bindparam, func, insert, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
+from sqlalchemy.sql import Insert
 
 import datetime as dt
 
@@ -36,6 +39,24 @@ _EXISTS = select(_G.c.id).where(
     _G.c.kind == bindparam("kind"), _G.c.key == bindparam("key"), _G.c.variant == bindparam("variant")
 )
 _INSERT = insert(_G)
+
+#: The columns of a new variant (``id`` comes from the database): a
+#: :class:`PreparedVariant`'s row plus the two timestamps (:func:`insert_params`).
+_INSERT_COLUMNS = (
+    "kind", "key", "variant", "guards_expr", "guards_known", "guards_note", "payload", "size_bytes",
+    "checksum", "time_taken_ns", "hit_count", "fingerprint_id", "signature", "created_at", "last_used_at",
+)
+
+
+def _insert_new(make: Callable[..., Insert]) -> Insert:
+    stmt = make(_G).values({name: bindparam(name) for name in _INSERT_COLUMNS})
+    return stmt.on_conflict_do_nothing(index_elements=[_G.c.kind, _G.c.key, _G.c.variant])  # type: ignore[no-any-return]
+
+
+#: Hot path: store one variant unless that (kind, key, variant) is stored already, in one
+#: statement (``INSERT ... ON CONFLICT DO NOTHING``, SQLite >= 3.24 and PostgreSQL): no
+#: existence check inside the write transaction. Binds: :func:`insert_params`.
+INSERT_NEW_BY_DIALECT: dict[str, Insert] = {"sqlite": _insert_new(sqlite_insert), "postgresql": _insert_new(pg_insert)}
 _HIT = (
     update(_G)
     .where(_G.c.kind == bindparam("k_kind"), _G.c.key == bindparam("k_key"), _G.c.variant == bindparam("k_variant"))
@@ -102,6 +123,12 @@ def prepare_pickled(
         "signature": signer.guarded(kind, key, variant, packed.checksum) if signer else None,
     }
     return PreparedVariant(kind, key, variant, row)
+
+
+def insert_params(prepared: PreparedVariant) -> dict[str, object]:
+    """The binds of :data:`INSERT_NEW_BY_DIALECT` for ``prepared`` (written now)."""
+    now = utcnow()
+    return {**prepared.row, "created_at": now, "last_used_at": now}
 
 
 def load_variant(
