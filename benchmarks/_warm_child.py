@@ -89,6 +89,38 @@ def _trace_coordesc(path: str) -> None:
     CachingAutotuner.coordinate_descent_tuning = traced  # type: ignore[method-assign]
 
 
+def _count_runtime_tuning(runtime: dict[str, int]) -> None:
+    """Count the benchmarks tuning really runs in this process: the growth of Inductor's
+    ``coordesc_tuning_bench`` and ``benchmark_gpu`` counters *inside*
+    ``CachingAutotuner._coordinate_descent_tuning`` and ``autotune_to_one_config``
+    (torch/_inductor/runtime/triton_heuristics.py). The counters alone cannot say it: an FX
+    graph cache hit adds the cached graph's compile-time counts to them
+    (``counters["inductor"] += graph.counter_deltas``, codecache.py), so a warm start that
+    tunes nothing still reports the cold compile's benchmarks."""
+    from torch._dynamo.utils import counters
+    from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+
+    def total() -> tuple[int, int]:
+        c = counters["inductor"]
+        return c["coordesc_tuning_bench"], sum(v for k, v in c.items() if "benchmark_gpu" in k)
+
+    for name in ("_coordinate_descent_tuning", "autotune_to_one_config"):
+        original = getattr(CachingAutotuner, name, None)
+        if original is None:
+            continue
+
+        def counted(self: Any, *a: Any, _original: Any = original, **k: Any) -> Any:
+            before = total()
+            try:
+                return _original(self, *a, **k)
+            finally:
+                after = total()
+                runtime["runtime_coordesc_tuning_bench"] += after[0] - before[0]
+                runtime["runtime_benchmark_gpu"] += after[1] - before[1]
+
+        setattr(CachingAutotuner, name, counted)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("mode", choices=["files", "mega", "cachedb", "cachedb-cold"])
@@ -132,6 +164,9 @@ def main(argv: list[str] | None = None) -> int:
 
     cpp_builder.CppBuilder.build = timed_build  # type: ignore[method-assign]
 
+    runtime_tuning = {"runtime_coordesc_tuning_bench": 0, "runtime_benchmark_gpu": 0}
+    if args.device == "cuda":
+        _count_runtime_tuning(runtime_tuning)
     if args.trace_coordesc:
         _trace_coordesc(args.trace_coordesc)
     launchers: dict[str, str] = {}
@@ -199,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     flat = {k: int(v) for k, v in counters["inductor"].items()
             if any(w in k for w in ("cache", "autotune", "coordesc", "benchmark"))}
     flat.update({k: int(v) for k, v in counters["aot_autograd"].items() if k.startswith("autograd_cache")})
+    if args.device == "cuda":
+        flat.update(runtime_tuning)
     print(
         json.dumps(
             {

@@ -238,19 +238,26 @@ def run(ctx: Context) -> SectionResult:
         res.rows.append(Row(f"{db_case}, fresh dir: process wall vs warm local files", wall[db_case],
                             wall["warm local"], "warm local dir"))
     if gpu:
-        # Issue 10: runtime re-tuning on a warm start (counters summed over the process).
+        # Issue 10: runtime re-tuning on a warm start. ``runtime_*``: the benchmarks the process
+        # really ran while tuning (benchmarks/_warm_child.py); Inductor's own counters also hold
+        # what an FX graph cache hit replays of the cold compile's (counter_deltas).
         def counter(case: str, name: str) -> Any:
-            return summarize([sum(v for k, v in s["counters"].items() if name in k) for s in samples[case]], "runs")
+            return summarize([sum(v for k, v in s["counters"].items() if k == name or (name in k and not k.startswith("runtime_")))
+                              for s in samples[case]], "runs")
 
         for db_case in ("warm cachedb (imported DB)", "warm cachedb (live-filled DB)"):
             res.rows.append(Row(f"{db_case}: first calls vs warm local files (warmer than warm)", first[db_case],
                                 first["warm local"], "warm local dir", target="≤ 0.6x",
                                 met=first[db_case].median <= 0.6 * first["warm local"].median))
-            for name, label in (("coordesc_tuning_bench", "coordinate-descent benchmarks at run time"),
-                                ("benchmark_gpu", "GPU benchmarks (InductorBenchmarker.benchmark_gpu)")):
+            for name, label in (("runtime_coordesc_tuning_bench", "coordinate-descent benchmarks run at run time"),
+                                ("runtime_benchmark_gpu", "GPU benchmarks run while tuning at run time")):
                 d = counter(db_case, name)
                 res.rows.append(Row(f"{db_case}: {label}", d, counter("warm local", name), "warm local dir",
                                     target="0", met=d.median == 0))
+            for name, label in (("coordesc_tuning_bench", "coordinate-descent benchmarks (Inductor counter, FX hit replays included)"),
+                                ("benchmark_gpu", "GPU benchmarks (Inductor counter, FX hit replays included)")):
+                res.rows.append(Row(f"{db_case}: {label}", counter(db_case, name), counter("warm local", name),
+                                    "warm local dir", note="counts replayed compile-time benchmarks"))
         for case in ("cold", "warm Mega-Cache"):
             for name, label in (("coordesc_tuning_bench", "coordinate-descent benchmarks"),
                                 ("benchmark_gpu", "GPU benchmarks")):
