@@ -11,7 +11,9 @@ expression and compile time, read from the pickle's opcodes) + one
 checksum, insert); get = one ``CacheDB.read()`` around ``repos.guarded.candidates(...)``
 (decompress, verify) + ``pickle.loads`` of each variant, as Inductor unpickles candidates.
 
-cachedb (live): the same two ``FxGraphCache`` calls inside ``cachedb.installed(db)``.
+cachedb (live): the same two ``FxGraphCache`` calls inside ``cachedb.installed(db)``, measured
+after the others (the seams replace the file methods, so they cannot interleave); their targets
+are issue 11's: put ≤ 2.0x, get ≤ 1.0x of the files.
 
 Payloads: :func:`benchmarks._payloads.fx_entry` (source text, metadata tuples, machine code;
 zstd-3 ratio printed in the notes); each put stores a new key with one variant. Units: ms.
@@ -118,9 +120,15 @@ def run(ctx: Context) -> SectionResult:
             # (medians of 5, seconds).
             import hashlib
 
+            from cachedb import _payload
+
             scan_s = _median_s(lambda: read_entry_fields(payloads[0]))
-            zstd_s = _median_s(lambda: zstandard.ZstdCompressor(level=3, write_content_size=True).compress(payloads[0]))
+            zstd_s = _median_s(lambda: _payload.pack(payloads[0], digest=b"\0" * 32))
             sha_s = _median_s(lambda: hashlib.sha256(payloads[0]).digest())
+            frame = _payload.pack(payloads[0]).blob
+            unzstd_s = _median_s(lambda: zstandard.ZstdDecompressor().decompress(frame))
+            unpickle_s = _median_s(lambda: pickle.loads(payloads[0]))
+            level = _payload.ZSTD_LEVEL_LARGE if len(payloads[0]) >= _payload.LARGE_PAYLOAD_BYTES else _payload.ZSTD_LEVEL
             db.close()
         del payloads
 
@@ -134,14 +142,20 @@ def run(ctx: Context) -> SectionResult:
             Row(f"get {label} (live: FxGraphCache via cachedb.installed)", seconds_to(ms, live_get), base_get,
                 "FxGraphCache files"),
         ]
+        res.rows[-2].target, res.rows[-2].met = "ratio ≤ 2.0", res.rows[-2].ratio is not None and res.rows[-2].ratio <= 2.0
+        res.rows[-1].target, res.rows[-1].met = "ratio ≤ 1.0", res.rows[-1].ratio is not None and res.rows[-1].ratio <= 1.0
         res.extra["payloads"][label].update(
-            {"scan_ms": round(scan_s * 1e3, 2), "zstd3_ms": round(zstd_s * 1e3, 2), "sha256_ms": round(sha_s * 1e3, 2)}
+            {"scan_ms": round(scan_s * 1e3, 2), "zstd_level": level, "zstd_ms": round(zstd_s * 1e3, 2),
+             "sha256_ms": round(sha_s * 1e3, 2), "unzstd_ms": round(unzstd_s * 1e3, 2),
+             "unpickle_ms": round(unpickle_s * 1e3, 2)}
         )
     for label, info in res.extra["payloads"].items():
         res.notes.append(
-            f"{label}: payload compresses {info['zstd3_ratio']}x with zstd-3; one pickle scan "
-            f"{info['scan_ms']} ms, one zstd-3 compression {info['zstd3_ms']} ms, one SHA-256 "
-            f"{info['sha256_ms']} ms (medians of 5): the building blocks of a cachedb put, which a file "
-            "put does not pay except one SHA-256 for the file name."
+            f"{label}: payload compresses {info['zstd3_ratio']}x with zstd-3 (cachedb stores it at level "
+            f"{info['zstd_level']}); one pickle scan {info['scan_ms']} ms, one compression {info['zstd_ms']} ms, "
+            f"one SHA-256 {info['sha256_ms']} ms: the building blocks of a cachedb put, which a file put does "
+            f"not pay except one SHA-256 for the file name. A get decompresses ({info['unzstd_ms']} ms) and "
+            f"checks the SHA-256 before the `pickle.loads` ({info['unpickle_ms']} ms) both pay: the floor "
+            "of a cachedb get over a file get's read (medians of 5)."
         )
     return res
