@@ -367,19 +367,27 @@ class LiveStore:
 
     # -- best configs ------------------------------------------------------------------------
 
-    def best_config_get(self, key: str) -> bytes | None:
-        def read() -> bytes | None:
+    def _read_best_config(self, key: str) -> bytes | None:
+        # the hot path of every Triton kernel's autotune-cache lookup: :meth:`safely` inlined
+        try:
             db = self._db or self.db
             rows = db.kept.fetch(best_configs_repo.GET_BY_KEY, {"key": key})
             if not rows:
                 return None
             content, signature = rows[0]
             return best_configs_repo.checked_content(db.signer, key, content, signature).encode("utf-8")
+        except _Unavailable:
+            return None
+        except Exception as exc:  # the cache must never break a compile
+            self.warn_once("best config lookup", exc)
+            return None
 
-        found = self.safely("best config lookup", None, read)
-        if found is None and self.pull(sync.best_config(key)):
-            found = self.safely("best config lookup", None, read)
-        log.debug("best config lookup %s: %s", key, "hit" if found is not None else "miss")
+    def best_config_get(self, key: str) -> bytes | None:
+        found = self._read_best_config(key)
+        if found is None and self.remote is not None and self.pull(sync.best_config(key)):
+            found = self._read_best_config(key)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("best config lookup %s: %s", key, "hit" if found is not None else "miss")
         return found
 
     def best_config_put(self, key: str, data: bytes) -> None:
