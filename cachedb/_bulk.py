@@ -31,6 +31,7 @@ UTC = dt.timezone.utc
 #: PostgreSQL type OIDs of ``(table, columns)`` (built-in types: the same on every server).
 _PG_OIDS: dict[tuple[str, tuple[str, ...]], list[int]] = {}
 _cursor_names = itertools.count()
+_NOTHING = object()
 #: PostgreSQL integer type OIDs (int2, int4, int8) and the bound of their values: -b <= v < b.
 _PG_INT_LIMITS = {21: 2**15, 23: 2**31, 20: 2**63}
 
@@ -146,11 +147,17 @@ def _bulk_insert(conn: Connection, table: Table, rows: Sequence[dict[str, Any]],
     driver: Any = conn.connection.driver_connection
     if conn.dialect.name == "sqlite":
         values = []
+        last: Any = _NOTHING  # rows written together mostly share their timestamps: format each once
+        last_text = ""
         for r in rows:
             row = [r[n] for n in names]
             for i in timestamps:
-                if isinstance(row[i], dt.datetime):
-                    row[i] = sqlite_timestamp(row[i])
+                v = row[i]
+                if v is last:
+                    row[i] = last_text
+                elif isinstance(v, dt.datetime):
+                    last, last_text = v, sqlite_timestamp(v)
+                    row[i] = last_text
             values.append(row)
         sql = f"INSERT INTO {quote(table.name)} ({quoted}) VALUES ({', '.join('?' * len(names))})"
         driver.executemany(sql, values)

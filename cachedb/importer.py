@@ -24,6 +24,7 @@ Re-importing is idempotent.
 from __future__ import annotations
 
 import hashlib
+import operator
 import os
 import re
 from collections import Counter
@@ -90,6 +91,9 @@ class _Item:
         return Path(self.full)
 
 
+_NAME = operator.attrgetter("name")
+
+
 def _walk(root: str) -> Iterator[tuple[str, str, os.DirEntry[str]]]:
     """``(path, relative posix path, entry)`` of every non-directory under ``root``, as
     ``os.walk`` (sorted names, a directory's files before its subdirectories) lists them: symbolic
@@ -110,10 +114,10 @@ def _walk(root: str) -> Iterator[tuple[str, str, os.DirEntry[str]]]:
             except OSError:
                 is_dir = False
             (dirs if is_dir else files).append(entry)
-        files.sort(key=_name)
+        files.sort(key=_NAME)
         for entry in files:
             yield entry.path, rel + entry.name, entry
-        dirs.sort(key=_name, reverse=True)  # popped last-first: walked in sorted order
+        dirs.sort(key=_NAME, reverse=True)  # popped last-first: walked in sorted order
         for entry in dirs:
             try:
                 if entry.is_symlink():
@@ -123,14 +127,13 @@ def _walk(root: str) -> Iterator[tuple[str, str, os.DirEntry[str]]]:
             stack.append((entry.path, rel + entry.name + "/"))
 
 
-def _name(entry: os.DirEntry[str]) -> str:
-    return entry.name
+_O_READ = os.O_RDONLY | getattr(os, "O_BINARY", 0)
 
 
 def _read(path: str, size: int) -> bytes:
     """The bytes of the file at ``path``, ``size`` (bytes, from its stat) a hint for one read.
     Raises OSError."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+    fd = os.open(path, _O_READ)
     try:
         data = os.read(fd, size + 1)
         if not data:
