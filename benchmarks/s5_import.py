@@ -42,7 +42,7 @@ _GROUPS = [
 
 
 #: Cumulative time of these (label, file-name suffix, function name) is reported as a share of
-#: the whole profiled import: the per-file steps of ``Importer._import_one``.
+#: the whole profiled import: the steps of ``Importer.run``.
 _STEPS = [
     ("scan (walk + stat every file)", "cachedb/importer.py", "scan"),
     ("Importer._import_batch (per batch: read, check, write)", "cachedb/importer.py", "_import_batch"),
@@ -50,8 +50,9 @@ _STEPS = [
     ("read_entry_fields (pickle opcode scan)", "cachedb/_pickle_scan.py", "read_entry_fields"),
     ("GuardedEntryRepository.put_many_pickled (bulk insert)", "repositories/guarded.py", "put_many_pickled"),
     ("GuardedEntryRepository.put (one by one)", "repositories/guarded.py", "put"),
-    ("Importer._import_one (non-guarded files, one by one)", "cachedb/importer.py", "_import_one"),
-    ("BestConfigRepository.put", "repositories/best_configs.py", "put"),
+    ("Importer._store (bulk store per kind, savepoint)", "cachedb/importer.py", "_store"),
+    ("BestConfigRepository.put_many (bulk insert)", "repositories/best_configs.py", "put_many"),
+    ("Importer._import_one (timings document, CUTLASS lists: one by one)", "cachedb/importer.py", "_import_one"),
     ("timings document (_import_local_cache)", "cachedb/importer.py", "_import_local_cache"),
     ("SAVEPOINT (Connection.begin_nested)", "engine/base.py", "begin_nested"),
     ("RELEASE SAVEPOINT (SessionTransaction.commit)", "orm/session.py", "commit"),

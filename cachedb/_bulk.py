@@ -31,6 +31,9 @@ UTC = dt.timezone.utc
 #: PostgreSQL type OIDs of ``(table, columns)`` (built-in types: the same on every server).
 _PG_OIDS: dict[tuple[str, tuple[str, ...]], list[int]] = {}
 _cursor_names = itertools.count()
+_NOTHING = object()
+#: PostgreSQL integer type OIDs (int2, int4, int8) and the bound of their values: -b <= v < b.
+_PG_INT_LIMITS = {21: 2**15, 23: 2**31, 20: 2**63}
 
 
 def _psycopg(conn: Connection) -> bool:
@@ -144,24 +147,42 @@ def _bulk_insert(conn: Connection, table: Table, rows: Sequence[dict[str, Any]],
     driver: Any = conn.connection.driver_connection
     if conn.dialect.name == "sqlite":
         values = []
+        last: Any = _NOTHING  # rows written together mostly share their timestamps: format each once
+        last_text = ""
         for r in rows:
             row = [r[n] for n in names]
             for i in timestamps:
-                if isinstance(row[i], dt.datetime):
-                    row[i] = sqlite_timestamp(row[i])
+                v = row[i]
+                if v is last:
+                    row[i] = last_text
+                elif isinstance(v, dt.datetime):
+                    last, last_text = v, sqlite_timestamp(v)
+                    row[i] = last_text
             values.append(row)
         sql = f"INSERT INTO {quote(table.name)} ({quoted}) VALUES ({', '.join('?' * len(names))})"
         driver.executemany(sql, values)
         return
     oids = _pg_oids(driver, table, names, quote(table.name), quoted)
+    # psycopg's binary dumpers keep the low bits of an int too large for an int2/int4 column
+    # (2**40 is stored as 0): refuse it as the server refuses it in an INSERT, before the COPY.
+    limits = [(i, _PG_INT_LIMITS[oid]) for i, oid in enumerate(oids) if oid in _PG_INT_LIMITS]
+    values = []
+    for r in rows:
+        row = [r[n] for n in names]
+        for i in timestamps:
+            v = row[i]
+            if v.__class__ is dt.datetime and v.tzinfo is None:
+                row[i] = v.replace(tzinfo=UTC)
+        for i, limit in limits:
+            v = row[i]
+            if isinstance(v, int) and not -limit <= v < limit:
+                raise conn.dialect.loaded_dbapi.errors.NumericValueOutOfRange(
+                    f"{names[i]} = {v}: integer out of range for its column"
+                )
+        values.append(row)
     with driver.cursor() as cursor, cursor.copy(f"COPY {quote(table.name)} ({quoted}) FROM STDIN (FORMAT BINARY)") as copy:
         copy.set_types(oids)
-        for r in rows:
-            row = [r[n] for n in names]
-            for i in timestamps:
-                v = row[i]
-                if v.__class__ is dt.datetime and v.tzinfo is None:
-                    row[i] = v.replace(tzinfo=UTC)
+        for row in values:
             copy.write_row(row)
 
 

@@ -23,20 +23,26 @@ Re-importing is idempotent.
 
 from __future__ import annotations
 
+import hashlib
+import operator
 import os
 import re
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeVar
 
 from . import _local_cache_doc as doc
-from ._errors import input_error_reason, BadInputError, CacheDBError, NotAnInductorCacheError
+from ._errors import input_error_reason, BadInputError, NotAnInductorCacheError
 from .cutlass_ops import infer_arch, parse_op_list
 from .db import CacheDB, Repos
+from ._signing import Signer
 from .fingerprint import Fingerprint
-from ._pickle_scan import EntryFields, read_entry_fields
-from .keys import sha256_hash
+from ._pickle_scan import read_entry_fields
+from .keys import sha256_digest_name
+from .repositories.best_configs import prepare_columns
+from .repositories.guarded import ScannedPayload
 from .repositories.timings import next_position
 
 #: Kinds of files, as counted in reports.
@@ -76,17 +82,68 @@ class ImportReport:
 @dataclass(frozen=True, slots=True)
 class _Item:
     kind: str  # "fxgraph" | "aotautograd" | "cache" | "best_config" | "cutlass" | "triton" | "cpp"
-    path: Path
+    full: str  # the file's path (str: pathlib's parsing costs more than reading a small file)
     rel: str
     size: int
 
+    @property
+    def path(self) -> Path:
+        return Path(self.full)
 
-def _walk(root: Path) -> Iterator[tuple[Path, str]]:
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames.sort()
-        for name in sorted(filenames):
-            full = Path(dirpath, name)
-            yield full, full.relative_to(root).as_posix()
+
+_NAME = operator.attrgetter("name")
+
+
+def _walk(root: str) -> Iterator[tuple[str, str, os.DirEntry[str]]]:
+    """``(path, relative posix path, entry)`` of every non-directory under ``root``, as
+    ``os.walk`` (sorted names, a directory's files before its subdirectories) lists them: symbolic
+    links to directories are not followed, unreadable directories are skipped."""
+    stack: list[tuple[str, str]] = [(root, "")]
+    while stack:
+        top, rel = stack.pop()
+        try:
+            with os.scandir(top) as it:
+                entries = list(it)
+        except OSError:
+            continue
+        files: list[os.DirEntry[str]] = []
+        dirs: list[os.DirEntry[str]] = []
+        for entry in entries:
+            try:
+                is_dir = entry.is_dir()
+            except OSError:
+                is_dir = False
+            (dirs if is_dir else files).append(entry)
+        files.sort(key=_NAME)
+        for entry in files:
+            yield entry.path, rel + entry.name, entry
+        dirs.sort(key=_NAME, reverse=True)  # popped last-first: walked in sorted order
+        for entry in dirs:
+            try:
+                if entry.is_symlink():
+                    continue
+            except OSError:
+                continue
+            stack.append((entry.path, rel + entry.name + "/"))
+
+
+_O_READ = os.O_RDONLY | getattr(os, "O_BINARY", 0)
+
+
+def _read(path: str, size: int) -> bytes:
+    """The bytes of the file at ``path``, ``size`` (bytes, from its stat) a hint for one read.
+    Raises OSError."""
+    fd = os.open(path, _O_READ)
+    try:
+        data = os.read(fd, size + 1)
+        if not data:
+            return data
+        chunks = [data]  # read to the end: a read may return less, the file may have grown
+        while chunk := os.read(fd, max(size + 1 - len(data), 1 << 16)):
+            chunks.append(chunk)
+        return data if len(chunks) == 1 else b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def scan(cache_dir: Path) -> tuple[list[_Item], list[Problem], int]:
@@ -101,7 +158,7 @@ def scan(cache_dir: Path) -> tuple[list[_Item], list[Problem], int]:
     problems: list[Problem] = []
     ignored = 0
     looks_like_cache = False
-    for path, rel in _walk(cache_dir):
+    for path, rel, entry in _walk(os.fspath(cache_dir)):
         parts = rel.split("/")
         name = parts[-1]
         if parts[0] in ("fxgraph", "aotautograd", "cache"):
@@ -110,7 +167,7 @@ def scan(cache_dir: Path) -> tuple[list[_Item], list[Problem], int]:
             ignored += 1
             continue
         try:
-            size = path.stat().st_size
+            size = entry.stat().st_size
         except OSError as exc:
             problems.append(Problem(rel, f"cannot stat: {exc}"))
             continue
@@ -155,12 +212,16 @@ def scan(cache_dir: Path) -> tuple[list[_Item], list[Problem], int]:
     return items, problems, ignored
 
 
-def _check_guarded(item: _Item, data: bytes) -> Problem | EntryFields:
-    """The scanned fields of a guarded entry file, or why it cannot be imported: its name
-    must be ``sha256_hash`` of its bytes (as Inductor names it) and its pickle must scan."""
-    if sha256_hash(data) != item.rel.split("/")[-1]:
+def _check_guarded(item: _Item, data: bytes) -> Problem | ScannedPayload:
+    """A guarded entry file ready to store, or why it cannot be imported: its name must be
+    ``sha256_hash`` of its bytes (as Inductor names it) and its pickle must scan. The SHA-256
+    and the scan are done once here; the repository reuses them."""
+    parts = item.rel.split("/")
+    digest = hashlib.sha256(data).digest()
+    variant = sha256_digest_name(digest)
+    if variant != parts[-1]:
         return Problem(item.rel, "file name is not sha256_hash of its bytes (renamed or corrupted)")
-    if len(item.rel.split("/")[-2]) > 128:
+    if len(parts[-2]) > 128:
         return Problem(item.rel, "key longer than 128 characters")
     try:
         fields = read_entry_fields(data, where=item.rel)
@@ -169,12 +230,67 @@ def _check_guarded(item: _Item, data: bytes) -> Problem | EntryFields:
                 text.encode("utf-8")
         if fields.time_taken_ns is not None and not -(2**63) <= fields.time_taken_ns < 2**63:
             raise OverflowError(f"time taken {fields.time_taken_ns} ns is outside int64")
-        return fields
+        return ScannedPayload(item.kind, parts[-2], data, digest, variant, fields)
     except Exception as exc:  # noqa: BLE001
         reason = input_error_reason(exc)
         if reason is None:
             raise
         return Problem(item.rel, reason)
+
+
+def _check_best_config(item: _Item, data: bytes, signer: Signer | None) -> Problem | tuple[str, str, dict[str, Any]]:
+    """``(key, content, columns)`` of a best config file ready to store
+    (:meth:`~cachedb.repositories.best_configs.BestConfigRepository.put_many`), or why it cannot
+    be imported (not UTF-8, not a JSON object, ...)."""
+    try:
+        try:
+            content = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise BadInputError(item.rel, f"not UTF-8 text: {exc}") from exc
+        return item.rel, content, prepare_columns(signer, item.rel, content)
+    except Exception as exc:  # noqa: BLE001
+        reason = input_error_reason(exc)
+        if reason is None:
+            raise
+        return Problem(item.rel, reason)
+
+
+_V = TypeVar("_V")
+
+
+def _store(
+    repos: Repos,
+    checked: list[tuple[_Item, _V]],
+    report: ImportReport,
+    store_many: Callable[[Sequence[_V]], list[bool]],
+    store_one: Callable[[_V], bool],
+) -> None:
+    """Store checked files of one kind: all at once (``store_many``, one bulk INSERT) in a
+    savepoint; when the database refuses one of them (a value it cannot store, a row another
+    writer inserted meanwhile), that is rolled back and each file is stored by ``store_one``
+    in its own savepoint, so only the bad one is reported and skipped. Counts each file as
+    added or unchanged under its kind."""
+    results: list[bool | None]
+    try:
+        with repos.session.begin_nested():
+            results = list(store_many([value for _, value in checked]))
+    except Exception as exc:  # noqa: BLE001 - bad input fails in many ways
+        if input_error_reason(exc) is None:
+            raise
+        results = []
+        for item, value in checked:
+            try:
+                with repos.session.begin_nested():
+                    results.append(store_one(value))
+            except Exception as one_exc:  # noqa: BLE001
+                reason = input_error_reason(one_exc)
+                if reason is None:
+                    raise
+                report.problems.append(Problem(item.rel, reason))
+                results.append(None)
+    for (item, _), added in zip(checked, results):
+        if added is not None:
+            (report.added if added else report.unchanged)[item.kind] += 1
 
 
 class Importer:
@@ -220,15 +336,19 @@ class Importer:
         return report
 
     def _import_batch(self, batch: list[_Item], report: ImportReport) -> int:
-        """One transaction per batch. Guarded entries are checked (name = ``sha256_hash`` of
-        the bytes, pickle scannable) before the transaction and then written in bulk; other
-        files go one by one, each in a savepoint so a bad one leaves the rest."""
-        guarded: list[tuple[_Item, bytes, EntryFields]] = []
+        """One transaction per batch. Guarded entries (name = ``sha256_hash`` of the bytes,
+        pickle scannable) and best configs (UTF-8 JSON objects) are checked before the
+        transaction, then written in bulk (:meth:`_store`); the other files go one by one, each
+        in a savepoint so a bad one leaves the rest. Returns the bytes the batch's files hold
+        (from their stat)."""
+        guarded: list[tuple[_Item, ScannedPayload]] = []
+        best: list[tuple[_Item, tuple[str, str, dict[str, Any]]]] = []
         others: list[tuple[_Item, bytes]] = []
         kernels: dict[tuple[str, str], list[tuple[str, bytes]]] = {}
+        signer = self.db.signer
         for item in batch:
             try:
-                data = item.path.read_bytes()
+                data = _read(item.full, item.size)
             except OSError as exc:
                 report.problems.append(Problem(item.rel, f"cannot read: {exc}"))
                 continue
@@ -238,26 +358,45 @@ class Importer:
             except UnicodeEncodeError:
                 report.problems.append(Problem(item.rel, "file name is not valid UTF-8"))
                 continue
-            if item.kind == "triton":
+            kind = item.kind
+            if kind == "fxgraph" or kind == "aotautograd":
+                scanned = _check_guarded(item, data)
+                if isinstance(scanned, Problem):
+                    report.problems.append(scanned)
+                else:
+                    guarded.append((item, scanned))
+            elif kind == "best_config":
+                config = _check_best_config(item, data, signer)
+                if isinstance(config, Problem):
+                    report.problems.append(config)
+                else:
+                    best.append((item, config))
+            elif kind == "triton":
                 _, _, key, name = item.rel.split("/")
                 kernels.setdefault(("triton", key), []).append((name, data))
-            elif item.kind == "cpp":
+            elif kind == "cpp":
                 name = item.rel.split("/")[-1]
                 kernels.setdefault(("cpp", name.split(".", 1)[0]), []).append((name, data))
-            elif item.kind in ("fxgraph", "aotautograd"):
-                checked = _check_guarded(item, data)
-                if isinstance(checked, Problem):
-                    report.problems.append(checked)
-                else:
-                    guarded.append((item, data, checked))
             else:
                 others.append((item, data))
         with self.db.transaction() as repos:
             fp_id = repos.fingerprints.ensure(self.fingerprint) if self.fingerprint else None
             if guarded:
-                entries = [(i.kind, i.rel.split("/")[-2], data, fields) for i, data, fields in guarded]
-                for (item, _, _), added in zip(guarded, repos.guarded.put_many_pickled(entries, fingerprint_id=fp_id)):
-                    (report.added if added else report.unchanged)[item.kind] += 1
+                g = repos.guarded
+                _store(
+                    repos, guarded, report,
+                    lambda entries: g.put_many_pickled(entries, fingerprint_id=fp_id),
+                    lambda e: g.put(e.kind, e.key, e.payload, guards_expr=e.fields.guards_expr,
+                                    guards_known=e.fields.guards_known, guards_note=e.fields.reason,
+                                    time_taken_ns=e.fields.time_taken_ns, fingerprint_id=fp_id)[1],
+                )
+            if best:
+                b = repos.best_configs
+                _store(
+                    repos, best, report,
+                    lambda configs: b.put_many(configs, fingerprint_id=fp_id),
+                    lambda c: b.put(c[0], c[1], fingerprint_id=fp_id, columns=c[2]),
+                )
             for (kind, key), files in kernels.items():
                 label = "triton_kernel_file" if kind == "triton" else "cpp_kernel"
                 host = self.host_key if kind == "cpp" else ""
@@ -281,13 +420,6 @@ class Importer:
     ) -> None:
         if item.kind == "cache":
             self._import_local_cache(repos, item, data, report)
-        elif item.kind == "best_config":
-            try:
-                content = data.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise BadInputError(item.rel, f"not UTF-8 text: {exc}") from exc
-            added = repos.best_configs.put(item.rel, content, fingerprint_id=fp_id)
-            (report.added if added else report.unchanged)["best_config"] += 1
         elif item.kind == "cutlass":
             match = _CUTLASS_FILE.fullmatch(item.rel)
             assert match is not None

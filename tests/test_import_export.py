@@ -159,6 +159,46 @@ def test_bad_files_are_reported_and_the_rest_imports(
     assert report.added["autotune_timings"] > 0
 
 
+class CompiledFxGraph:  # stand-in: pickled with the default __reduce_ex__, like torch's dataclass
+    pass
+
+
+def _fx_file(root: Path, key: str, **state: object) -> str:
+    obj = CompiledFxGraph()
+    obj.__dict__.update(state)
+    data = pickle.dumps(obj, protocol=4)
+    path = root / "fxgraph" / key[1:3] / key / sha256_hash(data)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return path.relative_to(root).as_posix()
+
+
+def test_a_row_the_database_refuses_skips_only_its_file(db: CacheDB, tmp_path: Path) -> None:
+    # Guarded entries and best configs of a batch go in one bulk INSERT; PostgreSQL refuses
+    # text with NUL (SQLite stores it): the batch is then stored file by file and only that
+    # file is reported. Re-importing changes nothing.
+    root = tmp_path / "cache"
+    good = [_fx_file(root, f"fkey{i:02d}", guards_expr=f"{i} <= L['t0']", _time_taken_ns=i + 1) for i in range(3)]
+    bad = _fx_file(root, "fkeynul", guards_expr="a\x00b", _time_taken_ns=7)
+    (root / "zz").mkdir()
+    (root / "zz" / "czz.best_config").write_text('{"XBLOCK": 64, "num_warps": 4}')
+    (root / "zz" / "cnul.best_config").write_text('{"XBLOCK": 64, "triton_cache_hash": "a\\u0000b"}')
+    refused = db.engine.dialect.name == "postgresql"
+
+    report = Importer(db).run(root)
+
+    assert [p.path for p in report.problems] == ([bad, "zz/cnul.best_config"] if refused else [])
+    assert all("rejected by the database" in p.reason for p in report.problems)
+    assert report.added["fxgraph"] == len(good) + (not refused)
+    assert report.added["best_config"] == 1 + (not refused)
+    with db.read() as repos:
+        assert repos.guarded.count("fxgraph") == len(good) + (not refused)
+        assert repos.best_configs.get("zz/czz.best_config") == '{"XBLOCK": 64, "num_warps": 4}'
+    again = Importer(db).run(root)
+    assert sum(again.added.values()) == 0
+    assert again.unchanged["fxgraph"] == len(good) + (not refused)
+
+
 def test_not_an_inductor_cache(tmp_path: Path, sqlite_db: CacheDB) -> None:
     (tmp_path / "photos").mkdir()
     (tmp_path / "photos" / "cat.jpg").write_bytes(b"\xff\xd8")

@@ -198,6 +198,77 @@ def test_unreadable_fields_give_a_reason() -> None:
     assert not fields.guards_known and "guards_expr" in (fields.reason or "")
 
 
+@pytest.mark.slow
+@pytest.mark.torch
+def test_real_entries_cut_at_every_opcode_raise_truncated(real_cache: tuple[Path, dict]) -> None:
+    # The hot loop has no bounds checks: Python's IndexError at the end of the data is turned
+    # into the error. Cut a real FX and a real AOT entry before every opcode and inside every
+    # argument (e.g. between a string and the MEMOIZE read together with it).
+    import pickletools
+
+    cache_dir, _ = real_cache
+    files = _real_entry_files(cache_dir)
+    for kind in ("fxgraph", "aotautograd"):
+        path = next(p for k, p in files if k == kind)
+        data = path.read_bytes()
+        cuts = set()
+        for _op, _arg, pos in pickletools.genops(data):
+            cuts.update((pos, pos + 1, pos + 2))
+        for cut in sorted(c for c in cuts if 0 < c < len(data)):
+            with pytest.raises(PickleScanError) as info:
+                read_entry_fields(data[:cut], where=path.name)
+            assert info.value.where == path.name
+            assert "truncated" in info.value.reason or "ended before STOP" in info.value.reason, (cut, info.value)
+
+
+@pytest.mark.parametrize(
+    "bad, reason",
+    [
+        (b"\x80\x04\x94.", "stack underflow"),  # MEMOIZE on an empty stack
+        (b"\x80\x04.", "stack underflow"),  # STOP on an empty stack
+        (b"\x80\x04N\x85\x85\x86.", "stack underflow"),  # TUPLE2 with one item
+        (b"\x80\x04N\x94", "ended before STOP"),
+        (b"\x80\x04\x8c", "truncated"),  # SHORT_BINUNICODE without its length
+        (b"\x80\x04\x8c\x05ab", "truncated"),  # ... without all of its string
+        (b"\x80\x04\x8c\x02ab", "ended before STOP"),  # a whole string, then nothing
+        (b"\x80", "truncated"),  # PROTO without its version
+        (b"\x80\x04K", "truncated"),  # BININT1 without its byte
+        (b"\x80\x04N\x94h", "truncated"),  # BINGET without its index
+        (b"\x80\x04Nq", "truncated"),  # BINPUT without its index
+        (b"\x80\x04h\x00.", "never stored"),
+        (b"\x80\x04\x8c\x02\xff\xfe\x94.", "malformed"),  # not UTF-8
+    ],
+)
+def test_broken_pickles_raise_with_the_reason(bad: bytes, reason: str) -> None:
+    with pytest.raises(PickleScanError) as info:
+        read_entry_fields(bad, where="w")
+    assert reason in info.value.reason, info.value
+
+
+def test_strings_and_their_memo_slots_read_exactly() -> None:
+    # SHORT_BINUNICODE reads the MEMOIZE after it at once: the memo indexes must stay those of
+    # the unpickler when strings are memoized, repeated (BINGET) and mixed with BINPUT.
+    for protocol in PROTOCOLS:
+        shared = "2 <= L['t0']"
+        entry = FakeCompiledFxGraph(guards_expr=shared, payload=[shared, "x", "x", {shared: shared}], _time_taken_ns=5)
+        assert _scan(entry, protocol) == EntryFields(shared, True, 5, None)
+    # A BINPUT to a slot ahead of len(memo): the MEMOIZEs after it overwrite that slot (the
+    # unpickler memoizes at len(memo)), so BINGET 4 reads the last string memoized there.
+    def string(text: str) -> bytes:
+        return b"\x8c" + bytes([len(text)]) + text.encode()
+
+    data = (
+        b"\x80\x04" + string(__name__) + b"\x94" + string("Plain") + b"\x94\x93)\x81}("
+        + string("x") + b"\x94" + string("a<b") + b"q\x04"  # memo slots 0, 1, 2 and 4
+        + string("_time_taken_ns") + b"\x94" + b"K\x03"  # MEMOIZE: slot len(memo) = 4
+        + string("guards_expr") + b"\x94" + b"h\x04"  # slot 4 again; BINGET 4
+        + b"ub."
+    )
+    truth = pickle.loads(data)  # built here: Plain from this module
+    assert truth.guards_expr == "guards_expr" and truth.x == "a<b"
+    assert read_entry_fields(data) == EntryFields("guards_expr", True, 3, None)
+
+
 @pytest.mark.parametrize(
     "garbage",
     [

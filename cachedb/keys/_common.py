@@ -34,9 +34,24 @@ def _to_bytes(component: object) -> bytes:
     raise TypeError(f"Unsupported cache key component: {type(component)!r}")
 
 
+#: Two lower-case base32 characters (RFC 4648 alphabet) per 10-bit value, for :func:`_b32_51`.
+_B32_PAIRS = tuple(a + b for a in "abcdefghijklmnopqrstuvwxyz234567" for b in "abcdefghijklmnopqrstuvwxyz234567")
+
+
 def _b32_51(digest: bytes) -> str:
-    # [:51] drops the "Q====" tail every base32-encoded SHA-256 digest ends with.
-    return base64.b32encode(digest)[:51].decode("utf-8").lower()
+    """``base64.b32encode(digest)[:51].decode().lower()`` for a 32-byte SHA-256 digest (the
+    51 characters drop the ``"Q===="`` tail every encoded digest ends with), in ~4 us instead
+    of ~10 us: Python 3.11's ``b32encode`` is pure Python. Other lengths take that slow path."""
+    if len(digest) != 32:
+        return base64.b32encode(digest)[:51].decode("utf-8").lower()
+    pairs = _B32_PAIRS
+    out: list[str] = []
+    for i in (0, 5, 10, 15, 20, 25):  # 40 bits -> 8 characters
+        c = int.from_bytes(digest[i:i + 5], "big")
+        out += (pairs[c >> 30], pairs[(c >> 20) & 1023], pairs[(c >> 10) & 1023], pairs[c & 1023])
+    c = int.from_bytes(digest[30:], "big") << 4  # the last 16 bits, padded to 20: 4 characters
+    out += (pairs[c >> 10], pairs[c & 1023])
+    return "".join(out)[:51]
 
 
 def _sha256_hex(*components: KeyComponent) -> str:

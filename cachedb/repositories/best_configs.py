@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
-from sqlalchemy import bindparam, insert, select, update
+from sqlalchemy import Connection, bindparam, insert, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.sql import Insert
 from sqlalchemy.orm import Session
 
+from .._bulk import bulk_insert
 from .._engine import holds_write_lock
 from .._errors import BadInputError, CorruptPayloadError
 from .._signing import Signer
@@ -176,6 +177,46 @@ class BestConfigRepository:
             update(_B).where(_B.c.id == found.id).values(content=content, updated_at=now, **columns)
         )
         return True
+
+    def put_many(
+        self, items: Sequence[tuple[str, str, dict[str, Any]]], *, fingerprint_id: int | None = None
+    ) -> list[bool]:
+        """Store many ``(key, content, columns)`` at once (bulk import), as :meth:`put` stores
+        each: ``columns`` is :func:`prepare_columns` of that key and content (the caller checks
+        every item before its write transaction). One query per 500 keys finds the stored
+        ones, one bulk INSERT (:func:`cachedb._bulk.bulk_insert`) adds the new keys, a stored
+        key whose content differs is updated. Returns, per item, whether anything changed.
+
+        Raises ValueError when a key appears twice. The INSERT runs without a SAVEPOINT: on a
+        database where another writer may insert the same key meanwhile (PostgreSQL), it can
+        raise ``IntegrityError``; the caller then stores the items one by one (:meth:`put`)."""
+        keys = [key for key, _, _ in items]
+        if len(set(keys)) != len(keys):
+            raise ValueError("put_many: a key appears twice")
+        found: dict[str, tuple[int, str]] = {}
+        for start in range(0, len(keys), 500):
+            stmt = select(_B.c.key, _B.c.id, _B.c.content).where(_B.c.key.in_(keys[start:start + 500]))
+            found.update((key, (row_id, content)) for key, row_id, content in self.session.execute(stmt))
+        now = utcnow()
+        rows: list[dict[str, Any]] = []
+        changed: list[bool] = []
+        for key, content, columns in items:
+            stored = found.get(key)
+            if stored is None:
+                rows.append({"key": key, "content": content, "fingerprint_id": fingerprint_id,
+                             "created_at": now, "updated_at": now, **columns})
+                changed.append(True)
+            elif stored[1] == content:
+                changed.append(False)
+            else:
+                self.session.execute(
+                    update(_B).where(_B.c.id == stored[0]).values(content=content, updated_at=now, **columns)
+                )
+                changed.append(True)
+        if rows:
+            bind = self.session
+            bulk_insert(bind if isinstance(bind, Connection) else bind.connection(), _B, rows)
+        return changed
 
     def get(self, key: str) -> str | None:
         """The JSON text stored at ``key``, or ``None``. Raises

@@ -7,7 +7,7 @@ import hashlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import bindparam, func, insert, select, update
+from sqlalchemy import Connection, bindparam, func, insert, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
@@ -18,6 +18,7 @@ import datetime as dt
 from sqlalchemy import delete
 from sqlalchemy.exc import IntegrityError
 
+from .._bulk import bulk_insert
 from .._engine import holds_write_lock
 from .._errors import CorruptPayloadError
 from .._payload import pack, unpack
@@ -91,6 +92,21 @@ class PreparedVariant:
     key: str
     variant: str
     row: dict[str, object]
+
+
+@dataclass(frozen=True, slots=True)
+class ScannedPayload:
+    """A pickled entry as a bulk import holds it after checking it, so that storing it hashes
+    and scans nothing again: ``digest`` is ``hashlib.sha256(payload).digest()`` (32 bytes),
+    ``variant`` is ``sha256_digest_name(digest)`` (the entry's file name), ``fields`` are
+    :func:`cachedb._pickle_scan.read_entry_fields` of ``payload``."""
+
+    kind: str
+    key: str
+    payload: bytes
+    digest: bytes
+    variant: str
+    fields: EntryFields
 
 
 def prepare_pickled(
@@ -195,17 +211,18 @@ class GuardedEntryRepository:
             return variant, False
         return variant, True
 
-    def put_many_pickled(
-        self, entries: Sequence[tuple[str, str, bytes, EntryFields | None]], *, fingerprint_id: int | None = None
-    ) -> list[bool]:
-        """Store many ``(kind, key, payload, fields)`` at once (bulk import): one query finds
-        the variants already stored, one multi-row INSERT adds the rest. ``fields`` are the
-        pickle's scanned fields, or ``None`` to scan here (a bad pickle then raises
-        :class:`~cachedb.PickleScanError` before anything is written). Returns, per entry,
-        whether it was added."""
-        for kind, *_ in entries:
-            _check_kind(kind)
-        keys = sorted({key for _, key, _, _ in entries})
+    def put_many_pickled(self, entries: Sequence[ScannedPayload], *, fingerprint_id: int | None = None) -> list[bool]:
+        """Store many scanned pickled entries at once (bulk import): one query per 500 keys
+        finds the variants already stored, one bulk INSERT (:func:`cachedb._bulk.bulk_insert`)
+        adds the rest. Nothing is hashed or scanned again: the digest, variant name and fields
+        are the caller's (:class:`ScannedPayload`). Returns, per entry, whether it was added.
+
+        The INSERT runs without a SAVEPOINT: on a database where another writer may insert
+        the same variant meanwhile (PostgreSQL), it can raise ``IntegrityError``; the caller
+        then stores the entries one by one (:meth:`put`)."""
+        for entry in entries:
+            _check_kind(entry.kind)
+        keys = sorted({entry.key for entry in entries})
         existing: set[tuple[str, str, str]] = set()
         for start in range(0, len(keys), 500):
             chunk = keys[start:start + 500]
@@ -215,26 +232,26 @@ class GuardedEntryRepository:
                 )
             )
         rows, added, now = [], [], utcnow()
-        for kind, key, payload, scanned in entries:
-            digest = hashlib.sha256(payload).digest()
-            variant = sha256_digest_name(digest)
+        signer = self.signer
+        for entry in entries:
+            kind, key, variant, fields = entry.kind, entry.key, entry.variant, entry.fields
             if (kind, key, variant) in existing:
                 added.append(False)
                 continue
             existing.add((kind, key, variant))
-            fields = scanned or read_entry_fields(payload, where=f"{kind}/{key}/{variant}")
-            packed = pack(payload, digest=digest)
+            packed = pack(entry.payload, digest=entry.digest)
             rows.append({
                 "kind": kind, "key": key, "variant": variant,
                 "guards_expr": fields.guards_expr, "guards_known": fields.guards_known,
                 "guards_note": fields.reason, "payload": packed.blob, "size_bytes": packed.size_bytes,
                 "checksum": packed.checksum, "time_taken_ns": fields.time_taken_ns,
                 "created_at": now, "last_used_at": now, "hit_count": 0, "fingerprint_id": fingerprint_id,
-                "signature": self.signer.guarded(kind, key, variant, packed.checksum) if self.signer else None,
+                "signature": signer.guarded(kind, key, variant, packed.checksum) if signer else None,
             })
             added.append(True)
         if rows:
-            self.session.execute(_INSERT, rows)
+            bind = self.session
+            bulk_insert(bind if isinstance(bind, Connection) else bind.connection(), _G, rows)
         return added
 
     def put_prepared(self, prepared: PreparedVariant) -> tuple[str, bool]:
