@@ -503,35 +503,29 @@ class KeptConnection:
                 if self._driver_error(exc):
                     raise HotWriteError(f"write failed: {type(exc).__name__}: {exc}") from exc
                 raise
-            began = False
             try:
                 if self._sqlite:
                     begin_immediate(dbapi, self._busy_timeout_s)
-                    began = True
                     count = dbapi.execute(compiled.sql, compiled.params(params)).rowcount
                     dbapi.execute("COMMIT")
-                    began = False
                     return int(count)
                 cursor = dbapi.cursor()
                 try:
-                    began = True
                     cursor.execute(compiled.sql, compiled.params(params))
                     count = cursor.rowcount
                 finally:
                     cursor.close()
                 dbapi.commit()
-                began = False
                 return int(count)
-            except Exception as exc:
-                if began:
-                    try:
-                        if self._sqlite:
-                            dbapi.execute("ROLLBACK")
-                        else:
-                            dbapi.rollback()
-                    except Exception:
-                        self._discard()
-                if self._driver_error(exc):
+            except BaseException as exc:  # KeyboardInterrupt too: never leave the write lock held
+                try:
+                    if not self._sqlite:
+                        dbapi.rollback()
+                    elif dbapi.in_transaction:
+                        dbapi.execute("ROLLBACK")
+                except Exception:
+                    self._discard()
+                if isinstance(exc, Exception) and self._driver_error(exc):
                     raise HotWriteError(f"write failed: {type(exc).__name__}: {exc}") from exc
                 raise
         finally:

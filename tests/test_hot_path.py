@@ -354,3 +354,26 @@ def test_large_payloads_are_compressed_at_the_large_level(real_cache: tuple[Path
         assert packed.blob == zstandard.ZstdCompressor(level=level, write_content_size=True).compress(data)
         assert _payload.unpack(packed.blob, packed.size_bytes, packed.checksum, where="t") == data
     assert _payload.ZSTD_LEVEL != _payload.ZSTD_LEVEL_LARGE
+
+
+def test_a_refused_hot_write_rolls_back_and_frees_the_lock(db: CacheDB) -> None:
+    """A hot write the database refuses after BEGIN (a NOT NULL column left NULL) raises
+    HotWriteError, stores nothing, and leaves no transaction open on the kept connection: the
+    next hot write and another connection's write both go through (SQLite and PostgreSQL)."""
+    from cachedb._engine import HotWriteError
+
+    upsert = best_configs_repo.UPSERT_BY_DIALECT[db.engine.dialect.name]
+    content = CONFIG.decode()
+    good = best_configs_repo.upsert_params(
+        "ab/ok.best_config", content, best_configs_repo.prepare_columns(None, "ab/ok.best_config", content), None
+    )
+    bad = {**good, "key": "ab/bad.best_config", "content": None}  # content is NOT NULL
+    with pytest.raises(HotWriteError):
+        db.kept.write(upsert, bad)
+    assert not db.kept._dbapi.in_transaction if db.path is not None else True
+    assert db.kept.write(upsert, good) == 1
+    with db.transaction() as repos:  # another connection takes the write lock at once
+        repos.best_configs.put("ab/other.best_config", content)
+    with db.read() as repos:
+        assert sorted(k for k, _ in repos.best_configs.iter_all()) == ["ab/ok.best_config", "ab/other.best_config"]
+    db.close()
