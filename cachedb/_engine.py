@@ -409,10 +409,7 @@ class KeptConnection:
         """The kept connection for this block, or ``None`` when it is in use (another thread,
         a nested block) or closed: the caller then takes a pooled connection. The block must
         leave no transaction open (one still open is rolled back)."""
-        if os.getpid() != self._pid:
-            self._forget_inherited()
-        lock = self._lock
-        if self.closed or not lock.acquire(blocking=False):
+        if not self._hold():
             yield None
             return
         try:
@@ -426,10 +423,24 @@ class KeptConnection:
                     except Exception:
                         self._discard()
         finally:
-            lock.release()
+            self._lock.release()
 
-    def _driver_error(self, exc: Exception) -> bool:
-        return isinstance(exc, (DBAPIError, self._engine.dialect.loaded_dbapi.Error))
+    def _hold(self) -> bool:
+        """Take the kept connection's lock if it is free (False: closed, or another thread or
+        an outer block holds it; the caller then uses a pooled connection)."""
+        if os.getpid() != self._pid:
+            self._forget_inherited()
+        return not self.closed and self._lock.acquire(blocking=False)
+
+    def _driver(self) -> Any:
+        """The kept driver connection, opened on first use (the caller holds the lock)."""
+        self._connection()
+        return self._dbapi
+
+    def _raise_driver_error(self, exc: BaseException, error: type[CacheDBError], what: str) -> None:
+        """Raise ``exc`` as ``error`` when it is the driver's (or SQLAlchemy's wrapper of it)."""
+        if isinstance(exc, (DBAPIError, self._engine.dialect.loaded_dbapi.Error)):
+            raise error(f"{what} failed: {type(exc).__name__}: {exc}") from exc
 
     def fetch(self, stmt: ClauseElement, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
         """All rows of the prebuilt Core ``SELECT`` ``stmt`` with ``params``, read in autocommit.
@@ -438,19 +449,13 @@ class KeptConnection:
             HotReadError: the driver failed (the connection is then discarded; the next call
                 opens a new one).
         """
-        if os.getpid() != self._pid:
-            self._forget_inherited()
-        lock = self._lock
-        if self.closed or not lock.acquire(blocking=False):
+        if not self._hold():
             with self._engine.connect() as pooled:
                 return [tuple(r) for r in pooled.execute(stmt, dict(params))]
         try:
             compiled = self._compile(stmt)
             try:
-                dbapi = self._dbapi if self._conn is not None and self._dbapi is not None else None
-                if dbapi is None:
-                    self._connection()
-                    dbapi = self._dbapi
+                dbapi = self._driver()
                 if self._sqlite:  # autocommit: the statement is its own read transaction
                     return dbapi.execute(compiled.sql, compiled.params(params)).fetchall()  # type: ignore[no-any-return]
                 cursor = dbapi.cursor()
@@ -463,11 +468,10 @@ class KeptConnection:
                 return rows
             except Exception as exc:
                 self._discard()
-                if self._driver_error(exc):
-                    raise HotReadError(f"read failed: {type(exc).__name__}: {exc}") from exc
+                self._raise_driver_error(exc, HotReadError, "read")
                 raise
         finally:
-            lock.release()
+            self._lock.release()
 
     def write(self, stmt: ClauseElement, params: Mapping[str, Any]) -> int:
         """Run the prebuilt Core statement ``stmt`` (an INSERT/UPDATE/upsert) with ``params`` in
@@ -482,26 +486,21 @@ class KeptConnection:
             HotWriteError: the driver failed or the lock was not had within the busy timeout;
                 the transaction was rolled back (nothing of it is stored).
         """
-        if os.getpid() != self._pid:
-            self._forget_inherited()
-        lock = self._lock
-        if self.closed or not lock.acquire(blocking=False):
+        if not self._hold():
             with self._engine.connect().execution_options(**{WRITE_OPTION: True}) as pooled:
                 try:
                     with pooled.begin():
                         return int(pooled.execute(stmt, dict(params)).rowcount)
                 except DBAPIError as exc:
-                    raise HotWriteError(f"write failed: {type(exc).__name__}: {exc}") from exc
+                    self._raise_driver_error(exc, HotWriteError, "write")
+                    raise
         try:
             compiled = self._compile(stmt)
             try:
-                if self._conn is None or self._dbapi is None:
-                    self._connection()
-                dbapi = self._dbapi
+                dbapi = self._driver()
             except Exception as exc:
                 self._discard()
-                if self._driver_error(exc):
-                    raise HotWriteError(f"write failed: {type(exc).__name__}: {exc}") from exc
+                self._raise_driver_error(exc, HotWriteError, "write")
                 raise
             try:
                 if self._sqlite:
@@ -525,11 +524,10 @@ class KeptConnection:
                         dbapi.execute("ROLLBACK")
                 except Exception:
                     self._discard()
-                if isinstance(exc, Exception) and self._driver_error(exc):
-                    raise HotWriteError(f"write failed: {type(exc).__name__}: {exc}") from exc
+                self._raise_driver_error(exc, HotWriteError, "write")
                 raise
         finally:
-            lock.release()
+            self._lock.release()
 
     def close(self) -> None:
         """Close the kept connection (this process's; an inherited one is left alone)."""
