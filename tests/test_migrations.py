@@ -88,7 +88,9 @@ def test_sqlite_setup(sqlite_db: CacheDB) -> None:
         assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() == 30000
 
 
-def test_wheel_carries_migrations(tmp_path: Path) -> None:
+def test_wheel_carries_migrations_and_every_module(tmp_path: Path) -> None:
+    """The wheel holds the migrations and every module of the source tree (a subpackage
+    missing from pyproject's ``packages`` imports in an editable install but not from a wheel)."""
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(ROOT)],
         check=True,
@@ -99,6 +101,8 @@ def test_wheel_carries_migrations(tmp_path: Path) -> None:
     assert "cachedb/migrations/env.py" in names
     assert "cachedb/migrations/script.py.mako" in names
     assert {f"cachedb/migrations/versions/{v}" for v in versions} <= names
+    modules = {p.relative_to(ROOT).as_posix() for p in (ROOT / "cachedb").rglob("*.py")}
+    assert modules - names == set()
 
 
 def test_head_revision_constant_matches_alembic() -> None:
