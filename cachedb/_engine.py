@@ -7,6 +7,7 @@ above it speaks portable SQLAlchemy and runs on PostgreSQL too.
 from __future__ import annotations
 
 import math
+import operator
 import os
 import random
 import sqlite3
@@ -296,8 +297,14 @@ class _Compiled:
     names: tuple[str, ...] | None  # positional dialects (SQLite): bind names in order
     defaults: Mapping[str, Any]  # values bound when the statement was built (LIMIT 1, ...)
     processors: Mapping[str, Callable[[Any], Any]]  # bind name -> the type's bind processor
+    #: The parameter tuple straight from the caller's mapping, where nothing needs merging or
+    #: processing (a positional statement without defaults or bind processors): a point read's
+    #: ``{"key": k}`` becomes ``(k,)`` without building a dict.
+    pick: Callable[[Mapping[str, Any]], tuple[Any, ...]] | None = None
 
     def params(self, values: Mapping[str, Any]) -> Any:
+        if self.pick is not None:
+            return self.pick(values)
         merged = {**self.defaults, **values} if self.defaults else values
         if self.processors:
             merged = dict(merged)
@@ -307,6 +314,20 @@ class _Compiled:
         if self.names is None:
             return merged
         return tuple(merged[name] for name in self.names)
+
+
+def _picker(
+    names: tuple[str, ...] | None, defaults: Mapping[str, Any], processors: Mapping[str, Any]
+) -> Callable[[Mapping[str, Any]], tuple[Any, ...]] | None:
+    """:attr:`_Compiled.pick` for a statement, ``None`` where :meth:`_Compiled.params` must
+    merge defaults, apply bind processors or pass a mapping (named-parameter dialects)."""
+    if names is None or defaults or processors:
+        return None
+    if len(names) == 1:
+        (name,) = names
+        return lambda values: (values[name],)
+    get = operator.itemgetter(*names) if names else (lambda _values: ())
+    return get  # type: ignore[return-value]
 
 
 class HotWriteError(CacheDBError):
@@ -382,9 +403,8 @@ class KeptConnection:
             process = bind.type.dialect_impl(dialect).bind_processor(dialect)
             if process is not None:
                 processors[name] = process
-        entry = _Compiled(
-            compiled.string, tuple(positions) if dialect.positional else None, defaults, processors
-        )
+        names = tuple(positions) if dialect.positional else None
+        entry = _Compiled(compiled.string, names, defaults, processors, _picker(names, defaults, processors))
         self._compiled[id(stmt)] = (stmt, entry)  # keeps stmt alive: its id stays unique
         return entry
 
@@ -422,6 +442,8 @@ class KeptConnection:
                         conn.rollback()
                     except Exception:
                         self._discard()
+                if conn.closed or conn.invalidated:  # SQLAlchemy dropped it: so do fetch/write
+                    self._conn = self._dbapi = None
         finally:
             self._lock.release()
 
@@ -455,7 +477,7 @@ class KeptConnection:
         try:
             compiled = self._compile(stmt)
             try:
-                dbapi = self._driver()
+                dbapi = self._dbapi if self._dbapi is not None else self._driver()
                 if self._sqlite:  # autocommit: the statement is its own read transaction
                     return dbapi.execute(compiled.sql, compiled.params(params)).fetchall()  # type: ignore[no-any-return]
                 cursor = dbapi.cursor()

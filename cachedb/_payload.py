@@ -1,8 +1,26 @@
-"""Payload codec: zstd frames with the size and SHA-256 checksum of the uncompressed bytes."""
+"""Payload codec: zstd frames with the size and SHA-256 checksum of the uncompressed bytes.
+
+A stored payload (format 2, what :func:`pack` writes) is::
+
+    zstd frame (content size, XXH64 content checksum) | skippable frame (magic 0x184D2A50,
+    32 bytes: the SHA-256 digest of the uncompressed bytes)
+
+Any zstd decoder reads it (skippable frames are skipped; ``zstd -d`` and
+``zstandard.ZstdDecompressor().decompress`` both give the content). Payloads written before
+(format 1: the zstd frame alone, no content checksum) are read as before.
+
+Reading (:func:`unpack`) proves two things: the bytes are the content that was compressed, and
+they belong to this row. Format 2 does both without hashing the content again: zstd verifies
+the XXH64 checksum while it decompresses, and the digest in the trailer must equal the row's
+``checksum`` column (a payload moved to another row carries another digest). Format 1, a
+trailer that does not match, and ``full=True`` (signed databases, ``cachedb verify``) compute
+the SHA-256 of the content instead.
+"""
 
 from __future__ import annotations
 
 import hashlib
+import struct
 import threading
 from dataclasses import dataclass
 
@@ -19,11 +37,17 @@ ZSTD_LEVEL_LARGE = 1
 #: Bytes from which a payload is compressed at :data:`ZSTD_LEVEL_LARGE` (1 MiB).
 LARGE_PAYLOAD_BYTES = 1 << 20
 
+#: The header of the skippable frame that ends a format-2 payload: zstd's first skippable
+#: magic number and the frame's length (32: a SHA-256 digest), little-endian.
+TRAILER_HEADER = struct.pack("<II", 0x184D2A50, 32)
+#: Bytes the trailer adds to a payload (header and digest).
+TRAILER_BYTES = len(TRAILER_HEADER) + 32
+
 
 @dataclass(frozen=True, slots=True)
 class Packed:
-    """A payload ready to store: ``blob`` (zstd frame), ``size_bytes`` and ``checksum``
-    (SHA-256 hex digest) of the uncompressed bytes."""
+    """A payload ready to store: ``blob`` (a format-2 payload: zstd frame and trailer),
+    ``size_bytes`` and ``checksum`` (SHA-256 hex digest) of the uncompressed bytes."""
 
     blob: bytes
     size_bytes: int
@@ -39,41 +63,62 @@ _COMPRESSOR = threading.local()
 
 
 def pack(data: bytes, *, digest: bytes | None = None) -> Packed:
-    """Compress ``data`` (bytes) into a zstd frame that records its content size, at
-    :data:`ZSTD_LEVEL` (:data:`ZSTD_LEVEL_LARGE` from :data:`LARGE_PAYLOAD_BYTES` on).
-    ``digest``: its SHA-256 digest when the caller already has it (saves hashing twice)."""
+    """Compress ``data`` (bytes) into a format-2 payload: a zstd frame recording its content
+    size and XXH64 checksum, at :data:`ZSTD_LEVEL` (:data:`ZSTD_LEVEL_LARGE` from
+    :data:`LARGE_PAYLOAD_BYTES` on), then the skippable frame holding its SHA-256 digest.
+    ``digest``: that digest (32 bytes) when the caller already has it (saves hashing twice)."""
     large = len(data) >= LARGE_PAYLOAD_BYTES
     compressor = getattr(_COMPRESSOR, "large" if large else "c", None)
     if compressor is None:
-        compressor = zstandard.ZstdCompressor(level=ZSTD_LEVEL_LARGE if large else ZSTD_LEVEL, write_content_size=True)
+        compressor = zstandard.ZstdCompressor(
+            level=ZSTD_LEVEL_LARGE if large else ZSTD_LEVEL, write_content_size=True, write_checksum=True
+        )
         setattr(_COMPRESSOR, "large" if large else "c", compressor)
-    blob = compressor.compress(data)
-    hexdigest = digest.hex() if digest is not None else checksum(data)
-    return Packed(blob=blob, size_bytes=len(data), checksum=hexdigest)
+    if digest is None:
+        digest = hashlib.sha256(data).digest()
+    blob = b"".join((compressor.compress(data), TRAILER_HEADER, digest))
+    return Packed(blob=blob, size_bytes=len(data), checksum=digest.hex())
 
 
 _DECOMPRESSOR = threading.local()
 
 
-def unpack(blob: bytes, size_bytes: int, expected_checksum: str, *, where: str) -> bytes:
-    """Decompress and verify a stored payload.
+def unpack(blob: bytes, size_bytes: int, expected_checksum: str, *, where: str, full: bool = False) -> bytes:
+    """Decompress and verify a stored payload (``size_bytes``: its uncompressed length;
+    ``expected_checksum``: the row's SHA-256 hex digest of it).
+
+    A format-2 payload whose trailer holds ``expected_checksum`` and whose frame carries a
+    content checksum is verified by zstd while it decompresses (XXH64; no second pass over
+    the content). Everything else, and every payload when ``full`` is true, is verified by
+    the SHA-256 of the decompressed bytes.
 
     Raises :class:`~cachedb.CorruptPayloadError` (naming ``where``) when the frame does not
-    decompress, has the wrong size, or its SHA-256 differs from ``expected_checksum``.
-
-    The SHA-256 pass stays on every read: zstd's own frame checksum cannot tell a payload
-    that moved to another row (a self-consistent frame), and serving another entry's graph
-    would be the worst failure a compiler cache can have.
+    decompress, fails its checksum, has the wrong size, or its SHA-256 differs from
+    ``expected_checksum``.
     """
     decompressor = getattr(_DECOMPRESSOR, "d", None)
     if decompressor is None:
         decompressor = _DECOMPRESSOR.d = zstandard.ZstdDecompressor()
+    blob = bytes(blob)
     try:
-        data = decompressor.decompress(bytes(blob), max_output_size=max(size_bytes, 1))
+        data = decompressor.decompress(blob, max_output_size=max(size_bytes, 1))
     except zstandard.ZstdError as exc:
         raise CorruptPayloadError(where, f"zstd: {exc}") from exc
     if len(data) != size_bytes:
         raise CorruptPayloadError(where, f"{len(data)} bytes, expected {size_bytes}")
-    if checksum(data) != expected_checksum:
+    if not full and _trailer_matches(blob, expected_checksum):
+        return data
+    if hashlib.sha256(data).hexdigest() != expected_checksum:
         raise CorruptPayloadError(where, "SHA-256 checksum mismatch")
     return data
+
+
+def _trailer_matches(blob: bytes, expected_checksum: str) -> bool:
+    """``blob`` ends in the trailer holding ``expected_checksum`` and starts with a zstd
+    frame that carries a content checksum (which the decompression just verified)."""
+    return (
+        len(blob) > TRAILER_BYTES
+        and blob[-TRAILER_BYTES:-32] == TRAILER_HEADER
+        and blob[-32:].hex() == expected_checksum
+        and zstandard.get_frame_parameters(blob).has_checksum
+    )

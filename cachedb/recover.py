@@ -394,7 +394,7 @@ def _copy_table(damaged: sqlite3.Connection | None, reader: sqlite3.Connection, 
         if check is not None:
             p, s, c = check
             try:
-                unpack(values[p], int(values[s]), str(values[c]), where=f"{table} row {rowid}")
+                unpack(values[p], int(values[s]), str(values[c]), where=f"{table} row {rowid}", full=True)
             except (CorruptPayloadError, TypeError, ValueError):
                 result.corrupt += 1
                 continue

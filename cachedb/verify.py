@@ -45,7 +45,7 @@ def _verify(db: CacheDB, *, quarantine: bool = True) -> tuple[list[dict[str, Any
     with db.read() as repos:
         ids = repos.session.execute(select(g.c.kind, g.c.key).distinct()).all()
         for kind, key in ids:
-            for variant, load in repos.guarded.raw_candidates(kind, key):
+            for variant, load in repos.guarded.raw_candidates(kind, key, full=True):
                 checked += 1
                 try:
                     load()
@@ -56,7 +56,7 @@ def _verify(db: CacheDB, *, quarantine: bool = True) -> tuple[list[dict[str, Any
         ):
             checked += 1
             try:
-                repos.cutlass.get(key)
+                repos.cutlass.get(key, full=True)
             except CorruptPayloadError as exc:
                 problems.append({"what": "cutlass_op_list", "where": f"configs_{key}.json", "problem": exc.reason})
         bad_blobs = list(repos.artifacts.check_blobs())

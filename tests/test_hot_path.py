@@ -341,6 +341,8 @@ def test_hot_guarded_put_inserts_each_variant_once(real_cache: tuple[Path, dict]
 def test_large_payloads_are_compressed_at_the_large_level(real_cache: tuple[Path, dict]) -> None:
     """Payloads of 1 MiB and more are compressed at ZSTD_LEVEL_LARGE, smaller ones at
     ZSTD_LEVEL; both unpack to the same bytes under their checksum."""
+    import hashlib
+
     import zstandard
 
     from cachedb import _payload
@@ -351,7 +353,8 @@ def test_large_payloads_are_compressed_at_the_large_level(real_cache: tuple[Path
     large = (real * (1 + _payload.LARGE_PAYLOAD_BYTES // max(len(real), 1)))[: _payload.LARGE_PAYLOAD_BYTES]
     for data, level in ((small, _payload.ZSTD_LEVEL), (large, _payload.ZSTD_LEVEL_LARGE)):
         packed = _payload.pack(data)
-        assert packed.blob == zstandard.ZstdCompressor(level=level, write_content_size=True).compress(data)
+        frame = zstandard.ZstdCompressor(level=level, write_content_size=True, write_checksum=True).compress(data)
+        assert packed.blob == frame + _payload.TRAILER_HEADER + hashlib.sha256(data).digest()
         assert _payload.unpack(packed.blob, packed.size_bytes, packed.checksum, where="t") == data
     assert _payload.ZSTD_LEVEL != _payload.ZSTD_LEVEL_LARGE
 

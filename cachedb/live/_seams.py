@@ -182,6 +182,20 @@ def _local_cache_seams(store: LiveStore) -> list[_Patch]:
     ]
 
 
+_ACTIVE_STORE: Callable[[], LiveStore | None] | None = None
+
+
+def _active_store() -> LiveStore | None:
+    """:func:`cachedb.live.active_store`, looked up once (an import statement per call costs
+    a best-config get about 1 us)."""
+    global _ACTIVE_STORE
+    if _ACTIVE_STORE is None:
+        from . import active_store
+
+        _ACTIVE_STORE = active_store
+    return _ACTIVE_STORE()
+
+
 @functools.cache
 def _best_config_backend_class(base: type) -> type:
     """``LocalAutotuneCache``'s backend (keys are absolute ``.best_config`` paths).
@@ -193,9 +207,7 @@ def _best_config_backend_class(base: type) -> type:
 
     class CacheDBBestConfigBackend(base):  # type: ignore[misc, valid-type]
         def _get(self, key: str) -> bytes | None:
-            from . import active_store
-
-            store = active_store()
+            store = _active_store()
             if store is None:
                 try:
                     with open(key, "rb") as f:
@@ -205,9 +217,7 @@ def _best_config_backend_class(base: type) -> type:
             return store.best_config_get(best_config_key(key))
 
         def _put(self, key: str, data: bytes) -> None:
-            from . import active_store
-
-            store = active_store()
+            store = _active_store()
             if store is None:
                 from torch._inductor.codecache import write_atomic
 

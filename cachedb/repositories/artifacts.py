@@ -236,11 +236,11 @@ class KernelArtifactRepository:
 
     def check_blobs(self) -> Iterator[tuple[str, str]]:
         """``(sha256, reason)`` of every blob whose frame does not decompress to bytes of its
-        size and SHA-256 (``cachedb verify``)."""
+        size and SHA-256 (``cachedb verify``: the content is hashed, whatever the format)."""
         stmt = select(_B.c.sha256, _B.c.payload, _B.c.size_bytes).order_by(_B.c.id)
         for digest, blob, size in self.session.execute(stmt.execution_options(yield_per=64)):
             try:
-                unpack(blob, size, digest, where=f"kernel blob {digest}")
+                unpack(blob, size, digest, where=f"kernel blob {digest}", full=True)
             except CorruptPayloadError as exc:
                 yield digest, exc.reason
 

@@ -65,13 +65,14 @@ class CutlassOpListRepository:
             )
         return True
 
-    def get(self, request_key: str) -> bytes | None:
+    def get(self, request_key: str, *, full: bool = False) -> bytes | None:
         """The op list's exact bytes, or ``None``; raises
-        :class:`~cachedb.CorruptPayloadError` if the stored payload fails its checksum."""
+        :class:`~cachedb.CorruptPayloadError` if the stored payload fails its checksum
+        (``full``: checked by the SHA-256 of the content, :func:`cachedb._payload.unpack`)."""
         row = self.session.execute(_GET, {"request_key": request_key}).first()
         if row is None:
             return None
-        return unpack(row.payload, row.size_bytes, row.checksum, where=f"configs_{request_key}.json")
+        return unpack(row.payload, row.size_bytes, row.checksum, where=f"configs_{request_key}.json", full=full)
 
     def request_keys(self) -> list[str]:
         return list(self.session.execute(select(_L.c.request_key).order_by(_L.c.request_key)).scalars())

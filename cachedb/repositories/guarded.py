@@ -149,14 +149,16 @@ def insert_params(prepared: PreparedVariant) -> dict[str, object]:
 
 def load_variant(
     signer: Signer | None, kind: str, key: str, variant: str, blob: bytes, size: int, digest: str,
-    signature: str | None,
+    signature: str | None, *, full: bool = False,
 ) -> bytes:
     """The payload bytes of one stored variant (a row of :data:`VARIANTS`), signature and
-    checksum verified. Raises :class:`~cachedb.CorruptPayloadError` when either fails."""
+    checksum verified (:func:`cachedb._payload.unpack`; with a ``signer``, or ``full``, by the
+    SHA-256 of the content, since the signature signs that digest). Raises
+    :class:`~cachedb.CorruptPayloadError` when either fails."""
     where = f"{kind}/{key}/{variant}"
     if signer is not None and not signer.verify(signature, "guarded", kind, key, variant, digest):
         raise CorruptPayloadError(where, "signature does not verify under CACHEDB_HMAC_KEY")
-    return unpack(blob, size, digest, where=where)
+    return unpack(blob, size, digest, where=where, full=full or signer is not None)
 
 
 class GuardedEntryRepository:
@@ -298,12 +300,13 @@ class GuardedEntryRepository:
         """
         return [(variant, load()) for variant, load in self.raw_candidates(kind, key)]
 
-    def raw_candidates(self, kind: str, key: str) -> list[tuple[str, Callable[[], bytes]]]:
+    def raw_candidates(self, kind: str, key: str, *, full: bool = False) -> list[tuple[str, Callable[[], bytes]]]:
         """Like :meth:`candidates`, but each payload is decompressed and verified only when
-        its loader is called (raising :class:`~cachedb.CorruptPayloadError` then)."""
+        its loader is called (raising :class:`~cachedb.CorruptPayloadError` then). ``full``:
+        verify by the SHA-256 of the content (``cachedb verify``)."""
         rows = self.session.execute(_VARIANTS, {"kind": kind, "key": key}).all()
         out = [
-            (v, functools.partial(self._load, kind, key, v, blob, size, digest, signature))
+            (v, functools.partial(load_variant, self.signer, kind, key, v, blob, size, digest, signature, full=full))
             for v, blob, size, digest, signature in rows
         ]
         out.sort(key=lambda item: item[0])

@@ -1,0 +1,95 @@
+"""The payload codec (cachedb/_payload.py): format 2 (zstd frame with XXH64 content checksum,
+then a skippable frame holding the SHA-256 digest) and format 1 (the frame alone, as written
+before), on real zstd frames and real stored rows."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+from pathlib import Path
+
+import pytest
+import zstandard
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sqlalchemy import text
+
+from cachedb import CacheDB, CorruptPayloadError
+from cachedb._payload import TRAILER_BYTES, TRAILER_HEADER, pack, unpack
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=20_000), st.booleans())
+def test_format2_round_trips_and_any_zstd_decoder_reads_it(data: bytes, full: bool) -> None:
+    packed = pack(data)
+    assert packed.checksum == hashlib.sha256(data).hexdigest()
+    assert packed.size_bytes == len(data)
+    assert packed.blob[-TRAILER_BYTES:] == TRAILER_HEADER + hashlib.sha256(data).digest()
+    assert zstandard.get_frame_parameters(packed.blob).has_checksum
+    assert unpack(packed.blob, len(data), packed.checksum, where="x", full=full) == data
+    # the skippable frame is skipped by a plain zstd decoder: the content alone comes out
+    assert zstandard.ZstdDecompressor().decompress(packed.blob, max_output_size=max(len(data), 1)) == data
+
+
+def _format1(data: bytes, *, checksum: bool = False) -> bytes:
+    """A payload as cachedb wrote it before format 2: the zstd frame alone."""
+    return zstandard.ZstdCompressor(level=3, write_content_size=True, write_checksum=checksum).compress(data)
+
+
+def test_format1_payloads_still_read_and_are_checked_by_sha256() -> None:
+    data = b"an FX graph entry " * 500
+    digest = hashlib.sha256(data).hexdigest()
+    assert unpack(_format1(data), len(data), digest, where="old") == data
+    other = b"another entry of the same size" * 300
+    other = other[: len(data)].ljust(len(data), b".")
+    with pytest.raises(CorruptPayloadError, match="SHA-256"):
+        unpack(_format1(other), len(data), digest, where="old")
+
+
+def test_a_frame_that_decodes_to_other_bytes_fails_zstds_content_checksum() -> None:
+    # Incompressible bytes are stored in raw blocks: flipping one leaves a frame that decodes.
+    data = random.Random(1).randbytes(4096)
+    packed = pack(data)
+    blob = bytearray(packed.blob)
+    blob[len(blob) // 2] ^= 0x10
+    with pytest.raises(CorruptPayloadError, match="checksum"):
+        unpack(bytes(blob), len(data), packed.checksum, where="flipped")
+
+
+def test_a_trailer_is_trusted_only_over_a_frame_with_a_content_checksum() -> None:
+    # A frame without zstd's checksum, followed by the trailer of the expected content: the
+    # trailer proves nothing about the frame, so the SHA-256 pass must run (and refuse it).
+    expected = b"x" * 1000
+    impostor = b"y" * 1000
+    blob = _format1(impostor) + TRAILER_HEADER + hashlib.sha256(expected).digest()
+    with pytest.raises(CorruptPayloadError, match="SHA-256"):
+        unpack(blob, 1000, hashlib.sha256(expected).hexdigest(), where="impostor")
+
+
+def test_a_damaged_trailer_falls_back_to_sha256_and_serves_intact_content() -> None:
+    data = os.urandom(100) * 20
+    packed = pack(data)
+    blob = bytearray(packed.blob)
+    blob[-1] ^= 1  # the digest in the trailer, not the content
+    assert unpack(bytes(blob), len(data), packed.checksum, where="t") == data
+
+
+def test_a_payload_moved_to_another_row_is_refused(tmp_path: Path) -> None:
+    """Two stored variants of one size: the second row given the first row's payload (a
+    self-consistent format-2 payload) is corrupt, though zstd's own checksum holds."""
+    db = CacheDB(tmp_path / "c.db")
+    a, b = b"A" * 5000 + b"guards a", b"B" * 5000 + b"guards b"
+    with db.transaction() as repos:
+        repos.guarded.put("fxgraph", "fkey_a", a, guards_expr=None)
+        repos.guarded.put("fxgraph", "fkey_b", b, guards_expr=None)
+    with db.engine.begin() as conn:
+        conn.execute(text(
+            "UPDATE guarded_entries SET payload = (SELECT payload FROM guarded_entries WHERE key = 'fkey_a') "
+            "WHERE key = 'fkey_b'"
+        ))
+    with db.read() as repos:
+        assert [p for _, p in repos.guarded.candidates("fxgraph", "fkey_a")] == [a]
+        with pytest.raises(CorruptPayloadError, match="SHA-256"):
+            repos.guarded.candidates("fxgraph", "fkey_b")
+    db.close()
