@@ -20,6 +20,7 @@ the SHA-256 of the content instead.
 from __future__ import annotations
 
 import hashlib
+import os
 import struct
 import threading
 from dataclasses import dataclass
@@ -36,6 +37,11 @@ ZSTD_LEVEL = 3
 ZSTD_LEVEL_LARGE = 1
 #: Bytes from which a payload is compressed at :data:`ZSTD_LEVEL_LARGE` (1 MiB).
 LARGE_PAYLOAD_BYTES = 1 << 20
+#: zstd worker threads for payloads of :data:`LARGE_PAYLOAD_BYTES` or more (zstd splits the
+#: input into jobs of a few MB; smaller payloads gain nothing). Measured on 2 cores: a 20 MB FX
+#: entry in 32 ms with 2 workers vs 50 ms with none, the same ratio (3.65x); one zstd frame
+#: either way.
+ZSTD_THREADS_LARGE = max(1, min(4, os.cpu_count() or 1))
 
 #: The header of the skippable frame that ends a format-2 payload: zstd's first skippable
 #: magic number and the frame's length (32: a SHA-256 digest), little-endian.
@@ -64,14 +70,15 @@ _COMPRESSOR = threading.local()
 
 def pack(data: bytes, *, digest: bytes | None = None) -> Packed:
     """Compress ``data`` (bytes) into a format-2 payload: a zstd frame recording its content
-    size and XXH64 checksum, at :data:`ZSTD_LEVEL` (:data:`ZSTD_LEVEL_LARGE` from
-    :data:`LARGE_PAYLOAD_BYTES` on), then the skippable frame holding its SHA-256 digest.
+    size and XXH64 checksum, at :data:`ZSTD_LEVEL` (:data:`ZSTD_LEVEL_LARGE` with
+    :data:`ZSTD_THREADS_LARGE` workers from :data:`LARGE_PAYLOAD_BYTES` on), then the skippable frame holding its SHA-256 digest.
     ``digest``: that digest (32 bytes) when the caller already has it (saves hashing twice)."""
     large = len(data) >= LARGE_PAYLOAD_BYTES
     compressor = getattr(_COMPRESSOR, "large" if large else "c", None)
     if compressor is None:
         compressor = zstandard.ZstdCompressor(
-            level=ZSTD_LEVEL_LARGE if large else ZSTD_LEVEL, write_content_size=True, write_checksum=True
+            level=ZSTD_LEVEL_LARGE if large else ZSTD_LEVEL, write_content_size=True, write_checksum=True,
+            threads=ZSTD_THREADS_LARGE if large else 0,
         )
         setattr(_COMPRESSOR, "large" if large else "c", compressor)
     if digest is None:

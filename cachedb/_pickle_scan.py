@@ -36,7 +36,7 @@ from typing import Any
 
 from ._errors import PickleScanError
 
-__all__ = ["EntryFields", "read_entry_fields"]
+__all__ = ["EntryFields", "fields_from_state", "read_entry_fields"]
 
 #: The highest pickle protocol the scanner knows (that of Python 3.8+).
 _HIGHEST_PROTOCOL = 5
@@ -538,13 +538,19 @@ def read_entry_fields(data: bytes, *, where: str = "<payload>") -> EntryFields:
         return EntryFields(
             None, False, None, f"top-level object {result.describe()} carries no state (no BUILD)"
         )
-    state = result.state
+    return fields_from_state(result.state, result.describe())
+
+
+def fields_from_state(state: dict[Any, Any], described: str) -> EntryFields:
+    """The :class:`EntryFields` of a top-level entry object whose ``BUILD`` state (its
+    ``__dict__`` and slot state merged) is ``state``; ``described`` names its class
+    (``module.qualname``) in the reasons."""
     reasons: list[str] = []
 
     guards_expr: str | None = None
     guards_known = False
     if "guards_expr" not in state:
-        reasons.append(f"top-level object {result.describe()} has no guards_expr field")
+        reasons.append(f"top-level object {described} has no guards_expr field")
     else:
         value = state["guards_expr"]
         if value is None or isinstance(value, str):
@@ -567,6 +573,6 @@ def read_entry_fields(data: bytes, *, where: str = "<payload>") -> EntryFields:
         else:
             reasons.append("_time_taken_ns is not an int" if value is not None else "_time_taken_ns is None")
     else:
-        reasons.append(f"top-level object {result.describe()} has no time-taken field")
+        reasons.append(f"top-level object {described} has no time-taken field")
 
     return EntryFields(guards_expr, guards_known, time_taken_ns, "; ".join(reasons) or None)

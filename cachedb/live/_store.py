@@ -238,7 +238,9 @@ class LiveStore:
             fp_id = self._known_fingerprint_id()
             # Hash (once), scan, compress and sign before BEGIN IMMEDIATE: the write lock is
             # held only for the INSERT (and the existence check, on the ORM paths).
-            prepared = guarded_repo.prepare_pickled(kind, key, content, signer=db.signer, fingerprint_id=fp_id)
+            prepared = guarded_repo.prepare_pickled(
+                kind, key, content, signer=db.signer, fingerprint_id=fp_id, own=True
+            )
             insert_new = guarded_repo.INSERT_NEW_BY_DIALECT.get(db.engine.dialect.name)
             if fp_id is None:  # first write of this process: records its fingerprint (ORM)
                 with db.transaction() as repos:

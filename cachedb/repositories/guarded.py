@@ -22,6 +22,7 @@ from .._bulk import bulk_insert
 from .._engine import holds_write_lock
 from .._errors import CorruptPayloadError
 from .._payload import pack, unpack
+from .._own_pickle import read_own_entry_fields
 from .._pickle_scan import EntryFields, read_entry_fields
 from .._signing import Signer
 from ..keys import sha256_digest_name
@@ -117,9 +118,14 @@ def prepare_pickled(
     signer: Signer | None = None,
     fingerprint_id: int | None = None,
     where: str | None = None,
+    own: bool = False,
 ) -> PreparedVariant:
     """Hash, scan (:func:`cachedb._pickle_scan.read_entry_fields`, nothing is unpickled),
     compress and sign one pickled entry, touching no database.
+
+    ``own``: ``payload`` is what this process's torch just pickled (a live write): its fields
+    are read by :func:`cachedb._own_pickle.read_own_entry_fields` (the C unpickler over inert
+    stand-ins, same result) instead of the opcode walk.
 
     Raises:
         ValueError: unknown ``kind``.
@@ -128,7 +134,8 @@ def prepare_pickled(
     _check_kind(kind)
     digest = hashlib.sha256(payload).digest()
     variant = sha256_digest_name(digest)
-    fields = read_entry_fields(payload, where=where or f"{kind}/{key}")
+    read_fields = read_own_entry_fields if own else read_entry_fields
+    fields = read_fields(payload, where=where or f"{kind}/{key}")
     packed = pack(payload, digest=digest)
     row: dict[str, object] = {
         "kind": kind, "key": key, "variant": variant,
