@@ -44,6 +44,19 @@ def _median_s(fn: Callable[[], object], reps: int = 5) -> float:
     return statistics.median(time_ops(lambda _i: fn(), range(reps)))
 
 
+def _minor_faults(get: Callable[[int], object], reps: int) -> float:
+    """Minor page faults of this process per ``get(i)`` call over ``i`` in ``range(reps)``
+    (``getrusage``; 0 where the platform has no ``resource`` module)."""
+    try:
+        import resource
+    except ImportError:
+        return 0.0
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for i in range(reps):
+        get(i)
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / reps
+
+
 def run(ctx: Context) -> SectionResult:
     import cachedb
     from cachedb import CacheDB
@@ -100,6 +113,7 @@ def run(ctx: Context) -> SectionResult:
             ctx.log(f"guarded {label}: {reps} puts and gets per contender")
             puts = interleaved({"files": put_files, "cachedb": put_cachedb}, reps, warmup=warm, rounds=min(reps, 5))
             gets = interleaved({"files": get_files, "cachedb": get_cachedb}, reps, warmup=warm, rounds=min(reps, 5))
+            files_faults = _minor_faults(get_files, reps)
 
             ctx.log(f"guarded {label}: the same FxGraphCache calls inside cachedb.installed")
             with cachedb.installed(db_path):
@@ -117,6 +131,7 @@ def run(ctx: Context) -> SectionResult:
                 get_live(reps)
                 live_put = time_ops(put_live, range(reps))
                 live_get = time_ops(get_live, range(reps))
+                live_faults = _minor_faults(get_live, reps)
             # Where a cachedb put's time goes, for the notes: the scan, hashing and zstd alone
             # (medians of 5, seconds).
             import hashlib
@@ -149,7 +164,8 @@ def run(ctx: Context) -> SectionResult:
         res.extra["payloads"][label].update(
             {"scan_ms": round(scan_s * 1e3, 2), "own_fields_ms": round(own_s * 1e3, 2), "zstd_level": level, "zstd_ms": round(zstd_s * 1e3, 2),
              "sha256_ms": round(sha_s * 1e3, 2), "unzstd_ms": round(unzstd_s * 1e3, 2),
-             "unpickle_ms": round(unpickle_s * 1e3, 2)}
+             "unpickle_ms": round(unpickle_s * 1e3, 2), "get_page_faults_files": files_faults,
+             "get_page_faults_live": live_faults}
         )
     for label, info in res.extra["payloads"].items():
         res.notes.append(
@@ -161,6 +177,7 @@ def run(ctx: Context) -> SectionResult:
             f"unpickler over inert stand-ins instead of the scan). A get decompresses "
             f"({info['unzstd_ms']} ms; zstd checks the content checksum as it goes, no SHA-256 pass) before "
             f"the `pickle.loads` ({info['unpickle_ms']} ms) both pay: the floor of a cachedb get over a file "
-            "get's read (medians of 5)."
+            "get's read (medians of 5). Minor page faults per get (the memory each call takes from the "
+            f"kernel): live {info['get_page_faults_live']:,.0f}, files {info['get_page_faults_files']:,.0f}."
         )
     return res

@@ -392,3 +392,24 @@ def test_a_refused_hot_write_rolls_back_and_frees_the_lock(db: CacheDB) -> None:
     with db.read() as repos:
         assert sorted(k for k, _ in repos.best_configs.iter_all()) == ["ab/ok.best_config", "ab/other.best_config"]
     db.close()
+
+
+def test_hot_paths_reopen_after_sqlalchemy_dropped_the_lent_connection(db: CacheDB) -> None:
+    """``KeptConnection`` reuses its driver connection between calls; when a block that
+    borrowed the kept connection (``CacheDB.lookup``) leaves it invalidated, the next read and
+    write open a new one instead of using the dropped driver connection."""
+    with db.transaction() as repos:
+        repos.best_configs.put("ab/k.best_config", CONFIG.decode())
+    assert db.kept.fetch(best_configs_repo.GET_BY_KEY, {"key": "ab/k.best_config"})[0][0] == CONFIG.decode()
+    with db.kept.acquire() as conn:
+        assert conn is not None
+        conn.invalidate()  # what SQLAlchemy does to a connection after a disconnect error
+    rows = db.kept.fetch(best_configs_repo.GET_BY_KEY, {"key": "ab/k.best_config"})
+    assert rows[0][0] == CONFIG.decode()
+    columns = best_configs_repo.prepare_columns(db.signer, "cd/k.best_config", CONFIG.decode())
+    with db.transaction() as repos:
+        fp_id = repos.fingerprints.ensure(current_fingerprint())
+    upsert = best_configs_repo.UPSERT_BY_DIALECT[db.engine.dialect.name]
+    assert db.kept.write(upsert, best_configs_repo.upsert_params("cd/k.best_config", CONFIG.decode(), columns, fp_id)) == 1
+    with db.read() as repos:
+        assert repos.best_configs.get("cd/k.best_config") == CONFIG.decode()
