@@ -52,18 +52,25 @@ class _Inert:
                 self.state.update((k, v) for k, v in part.items() if type(k) is str)
 
 
+#: Stand-in classes by ``(module, name)``, shared by every read (a class costs ~10 us to make;
+#: a real entry names dozens of globals). Emptied when it reaches :data:`_MAX_CLASSES`.
+_CLASSES: dict[tuple[str, str], type[_Inert]] = {}
+_MAX_CLASSES = 4096
+
+
 class _InertUnpickler(pickle.Unpickler):
     """``pickle.Unpickler`` (the C one) whose globals are all :class:`_Inert` subclasses."""
 
     def __init__(self, data: bytes) -> None:
         super().__init__(io.BytesIO(data))
-        self._classes: dict[tuple[str, str], type[_Inert]] = {}
 
     def find_class(self, module: str, name: str) -> type[_Inert]:
-        found = self._classes.get((module, name))
+        found = _CLASSES.get((module, name))
         if found is None:
+            if len(_CLASSES) >= _MAX_CLASSES:
+                _CLASSES.clear()
             found = type("Inert", (_Inert,), {"__slots__": (), "qualname": f"{module}.{name}"})
-            self._classes[(module, name)] = found
+            _CLASSES[(module, name)] = found
         return found
 
     def persistent_load(self, pid: Any) -> None:
