@@ -6,8 +6,10 @@ A stored payload (format 2, what :func:`pack` writes) is::
     32 bytes: the SHA-256 digest of the uncompressed bytes)
 
 Any zstd decoder reads it (skippable frames are skipped; ``zstd -d`` and
-``zstandard.ZstdDecompressor().decompress`` both give the content). Payloads written before
-(format 1: the zstd frame alone, no content checksum) are read as before.
+``zstandard.ZstdDecompressor().decompress`` both give the content), so a cachedb of before
+this format (decompress, then SHA-256) reads it too, as it reads a database copied or synced
+from this one. Payloads written before (format 1: the zstd frame alone, no content checksum)
+are read as before.
 
 Reading (:func:`unpack`) proves two things: the bytes are the content that was compressed, and
 they belong to this row. Format 2 does both without hashing the content again: zstd verifies
