@@ -67,25 +67,63 @@ def checksum(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-_COMPRESSOR = threading.local()
+_COMPRESSOR = threading.local()  # single-threaded contexts, one per thread
+
+
+class _LargeCompressor:
+    """The process's one multi-threaded zstd context, for payloads of
+    :data:`LARGE_PAYLOAD_BYTES` or more (made on first use; one caller at a time).
+
+    A zstd context with workers owns threads: freeing it joins them. A forked child has none
+    of them, so it must neither use nor free the one it inherited (either waits for ever):
+    :meth:`forget_in_child` sets it aside, and a thread-local could not keep it (CPython frees
+    the other threads' locals in the child)."""
+
+    inherited: list[zstandard.ZstdCompressor] = []  # set aside in forked children, never freed
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._compressor: zstandard.ZstdCompressor | None = None
+
+    def compress(self, data: bytes) -> bytes:
+        with self._lock:
+            if self._compressor is None:
+                self._compressor = zstandard.ZstdCompressor(
+                    level=ZSTD_LEVEL_LARGE, write_content_size=True, write_checksum=True,
+                    threads=ZSTD_THREADS_LARGE,
+                )
+            return self._compressor.compress(data)  # type: ignore[no-any-return]
+
+    def forget_in_child(self) -> None:
+        if self._compressor is not None:
+            self.inherited.append(self._compressor)
+        self._compressor = None
+        self._lock = threading.Lock()  # another thread may have held it at the fork
+
+
+_LARGE = _LargeCompressor()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_LARGE.forget_in_child)
 
 
 def pack(data: bytes, *, digest: bytes | None = None) -> Packed:
     """Compress ``data`` (bytes) into a format-2 payload: a zstd frame recording its content
     size and XXH64 checksum, at :data:`ZSTD_LEVEL` (:data:`ZSTD_LEVEL_LARGE` with
-    :data:`ZSTD_THREADS_LARGE` workers from :data:`LARGE_PAYLOAD_BYTES` on), then the skippable frame holding its SHA-256 digest.
-    ``digest``: that digest (32 bytes) when the caller already has it (saves hashing twice)."""
-    large = len(data) >= LARGE_PAYLOAD_BYTES
-    compressor = getattr(_COMPRESSOR, "large" if large else "c", None)
-    if compressor is None:
-        compressor = zstandard.ZstdCompressor(
-            level=ZSTD_LEVEL_LARGE if large else ZSTD_LEVEL, write_content_size=True, write_checksum=True,
-            threads=ZSTD_THREADS_LARGE if large else 0,
-        )
-        setattr(_COMPRESSOR, "large" if large else "c", compressor)
+    :data:`ZSTD_THREADS_LARGE` workers from :data:`LARGE_PAYLOAD_BYTES` on), then the
+    skippable frame holding its SHA-256 digest. ``digest``: that digest (32 bytes) when the
+    caller already has it (saves hashing twice)."""
+    if len(data) >= LARGE_PAYLOAD_BYTES:
+        frame = _LARGE.compress(data)
+    else:
+        compressor = getattr(_COMPRESSOR, "c", None)
+        if compressor is None:
+            compressor = _COMPRESSOR.c = zstandard.ZstdCompressor(
+                level=ZSTD_LEVEL, write_content_size=True, write_checksum=True
+            )
+        frame = compressor.compress(data)
     if digest is None:
         digest = hashlib.sha256(data).digest()
-    blob = b"".join((compressor.compress(data), TRAILER_HEADER, digest))
+    blob = b"".join((frame, TRAILER_HEADER, digest))
     return Packed(blob=blob, size_bytes=len(data), checksum=digest.hex())
 
 

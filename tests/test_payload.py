@@ -93,3 +93,39 @@ def test_a_payload_moved_to_another_row_is_refused(tmp_path: Path) -> None:
         with pytest.raises(CorruptPayloadError, match="SHA-256"):
             repos.guarded.candidates("fxgraph", "fkey_b")
     db.close()
+
+
+def _pack_in_child(data: bytes, queue: object) -> None:
+    packed = pack(data)
+    queue.put(unpack(packed.blob, packed.size_bytes, packed.checksum, where="child") == data)  # type: ignore[attr-defined]
+
+
+def _thread_packs(data: bytes) -> None:
+    pack(data)
+
+
+def test_a_forked_child_compresses_large_payloads() -> None:
+    """Payloads from LARGE_PAYLOAD_BYTES use a multi-threaded zstd context; a child forked
+    after the parent used it gets its own (the parent's worker threads are not in the child:
+    the inherited context waited for them for ever)."""
+    import multiprocessing
+
+    from cachedb._payload import LARGE_PAYLOAD_BYTES
+
+    data = random.Random(2).randbytes(LARGE_PAYLOAD_BYTES) * 3
+    assert unpack(pack(data).blob, len(data), hashlib.sha256(data).hexdigest(), where="parent") == data
+    # and from another thread of the parent, which the child will not have
+    import threading
+
+    other = threading.Thread(target=_thread_packs, args=(data,))
+    other.start()
+    other.join()
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_pack_in_child, args=(data, queue))
+    child.start()
+    child.join(60)
+    if child.is_alive():
+        child.kill()
+        pytest.fail("the forked child hung compressing a large payload")
+    assert child.exitcode == 0 and queue.get(timeout=10) is True
