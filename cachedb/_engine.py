@@ -28,6 +28,7 @@ from sqlalchemy.exc import OperationalError as SAOperationalError
 from sqlalchemy.pool import StaticPool
 from sqlalchemy.sql import ClauseElement
 
+from ._checkpoint import BackgroundCheckpointer
 from ._errors import CacheDBError, DatabaseOpenError, NotADatabaseError
 
 #: SQLite's file header: the first 16 bytes of every database file.
@@ -316,6 +317,12 @@ class _Compiled:
         return tuple(merged[name] for name in self.names)
 
 
+def _bound_bytes(params: Mapping[str, Any]) -> int:
+    """The bytes of the ``bytes`` and ``str`` values of ``params`` (what a write adds to the
+    WAL, roughly)."""
+    return sum(len(v) for v in params.values() if isinstance(v, (bytes, str)))
+
+
 def _picker(
     names: tuple[str, ...] | None, defaults: Mapping[str, Any], processors: Mapping[str, Any]
 ) -> Callable[[Mapping[str, Any]], tuple[Any, ...]] | None:
@@ -370,6 +377,11 @@ class KeptConnection:
         self._pid = os.getpid()
         self._compiled: dict[int, tuple[ClauseElement, _Compiled]] = {}
         self._sqlite = engine.dialect.name == "sqlite"
+        path = sqlite_path(engine.url)
+        #: Checkpoints the WAL that this connection's writes grow (it runs without SQLite's
+        #: automatic checkpoint, :mod:`cachedb._checkpoint`); ``None`` off SQLite files.
+        self.checkpointer = BackgroundCheckpointer(path, busy_timeout_s) if path is not None else None
+        self._autocheckpoint: int | None = None  # the pages the connection had, restored on close
         self.closed = False
         if hasattr(os, "register_at_fork"):
             ref = weakref.ref(self)
@@ -413,6 +425,9 @@ class KeptConnection:
         if conn is None or conn.closed or conn.invalidated:
             conn = self._conn = self._engine.connect()
             self._dbapi = conn.connection.driver_connection
+            if self.checkpointer is not None:  # its writes leave checkpoints to the checkpointer
+                self._autocheckpoint = self._dbapi.execute("PRAGMA wal_autocheckpoint").fetchone()[0]
+                self._dbapi.execute("PRAGMA wal_autocheckpoint = 0")
         return conn
 
     def _discard(self) -> None:
@@ -529,6 +544,8 @@ class KeptConnection:
                     begin_immediate(dbapi, self._busy_timeout_s)
                     count = dbapi.execute(compiled.sql, compiled.params(params)).rowcount
                     dbapi.execute("COMMIT")
+                    if self.checkpointer is not None:
+                        self.checkpointer.after_write(_bound_bytes(params))
                     return int(count)
                 cursor = dbapi.cursor()
                 try:
@@ -557,7 +574,12 @@ class KeptConnection:
             self.closed = True
             if os.getpid() == self._pid and self._conn is not None:
                 try:
+                    if self._autocheckpoint is not None and not self._conn.invalidated:
+                        # back to the pool as other connections are: with SQLite's checkpoint
+                        self._dbapi.execute(f"PRAGMA wal_autocheckpoint = {int(self._autocheckpoint)}")
                     self._conn.close()
                 finally:
                     self._conn = None
                     self._dbapi = None
+            if self.checkpointer is not None:
+                self.checkpointer.close()

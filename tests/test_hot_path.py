@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -413,3 +414,86 @@ def test_hot_paths_reopen_after_sqlalchemy_dropped_the_lent_connection(db: Cache
     assert db.kept.write(upsert, best_configs_repo.upsert_params("cd/k.best_config", CONFIG.decode(), columns, fp_id)) == 1
     with db.read() as repos:
         assert repos.best_configs.get("cd/k.best_config") == CONFIG.decode()
+
+
+def _big_entry(i: int) -> bytes:
+    """A pickled entry of ~3 MB that zstd cannot shrink (so each put adds ~3 MB to the WAL)."""
+    import pickle
+    import random
+
+    return pickle.dumps({"guards_expr": None, "n": i, "blob": random.Random(i).randbytes(3_000_000)})
+
+
+def _wait_for_checkpoints(store: LiveStore, n: int) -> int:
+    checkpointer = store.db.kept.checkpointer
+    assert checkpointer is not None
+    deadline = time.monotonic() + 30
+    while checkpointer.checkpoints < n and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return checkpointer.checkpoints
+
+
+def _rows_in_main_file(db_path: Path, tmp_path: Path) -> int:
+    """Rows of guarded_entries in the ``.db`` file alone (what a checkpoint has copied there)."""
+    import shutil
+
+    alone = tmp_path / f"alone-{time.monotonic_ns()}.db"
+    shutil.copyfile(db_path, alone)
+    conn = sqlite3.connect(alone)
+    try:
+        return int(conn.execute("SELECT count(*) FROM guarded_entries").fetchone()[0])
+    finally:
+        conn.close()
+
+
+def test_kept_writes_leave_wal_checkpoints_to_a_background_thread(tmp_path: Path) -> None:
+    """The kept connection runs without SQLite's automatic checkpoint; once its writes have
+    grown the WAL past the threshold, the checkpointer's thread copies them into the ``.db``
+    file. Closing puts the connection back into the pool with the automatic checkpoint."""
+    db_path = tmp_path / "wal.db"
+    store = LiveStore(str(db_path), trust=True)
+    for i in range(3):
+        store.guarded_put("fxgraph", f"fbig{i}", _big_entry(i))
+    assert not store._warned
+    kept = store.db.kept
+    assert kept._dbapi.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
+    assert _wait_for_checkpoints(store, 1) >= 1
+    assert _rows_in_main_file(db_path, tmp_path) == 3
+    assert [len(p) for _, p in store.guarded_candidates("fxgraph", "fbig2")] == [len(_big_entry(2))]
+    db = store.db
+    kept.close()
+    pooled = [db.engine.connect() for _ in range(db.engine.pool.checkedin())]
+    assert pooled and all(c.exec_driver_sql("PRAGMA wal_autocheckpoint").scalar() == 1000 for c in pooled)
+    for c in pooled:
+        c.close()
+    store.close()
+
+
+def _child_puts_big_entries(db_path: str, queue: Any) -> None:
+    try:
+        store = _PARENT_STORE
+        assert store is not None
+        for i in range(10, 13):
+            store.guarded_put("fxgraph", f"fbig{i}", _big_entry(i))
+        queue.put((_wait_for_checkpoints(store, 1), sorted(store._warned)))
+    except BaseException as exc:  # the parent sees it in the queue
+        queue.put((-1, [repr(exc)]))
+
+
+def test_a_forked_child_checkpoints_on_its_own_thread(tmp_path: Path) -> None:
+    global _PARENT_STORE
+    db_path = tmp_path / "forkwal.db"
+    store = _PARENT_STORE = LiveStore(str(db_path), trust=True)
+    for i in range(3):
+        store.guarded_put("fxgraph", f"fbig{i}", _big_entry(i))
+    assert _wait_for_checkpoints(store, 1) >= 1
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_child_puts_big_entries, args=(str(db_path), queue))
+    child.start()
+    checkpoints, warned = queue.get(timeout=120)
+    child.join(60)
+    assert child.exitcode == 0 and warned == [] and checkpoints >= 1
+    assert _rows_in_main_file(db_path, tmp_path) == 6
+    store.close()
+    _PARENT_STORE = None
