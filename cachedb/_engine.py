@@ -362,6 +362,10 @@ class KeptConnection:
       statement, ``COMMIT``: the write lock is held for that one statement only.
     - :meth:`acquire` lends the connection as a SQLAlchemy :class:`~sqlalchemy.Connection` for
       a block (``CacheDB.lookup``: BEGIN ... ROLLBACK on the kept connection).
+    - On an SQLite file its writes do not checkpoint the WAL inline (``wal_autocheckpoint =
+      0`` while it is kept): :attr:`checkpointer` does it on a background thread
+      (:mod:`cachedb._checkpoint`); the connection goes back to the pool with its automatic
+      checkpoint.
 
     Thread-safe: one lock; a caller that finds it held (another thread, or a nested block)
     gets a pooled connection instead of waiting. Fork-safe: a child process (a compile worker)
@@ -576,7 +580,10 @@ class KeptConnection:
                 try:
                     if self._autocheckpoint is not None and not self._conn.invalidated:
                         # back to the pool as other connections are: with SQLite's checkpoint
-                        self._dbapi.execute(f"PRAGMA wal_autocheckpoint = {int(self._autocheckpoint)}")
+                        try:
+                            self._dbapi.execute(f"PRAGMA wal_autocheckpoint = {int(self._autocheckpoint)}")
+                        except sqlite3.Error:
+                            self._conn.invalidate()  # not back to the pool without it
                     self._conn.close()
                 finally:
                     self._conn = None
