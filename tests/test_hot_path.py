@@ -107,6 +107,19 @@ _PARENT_STORE: LiveStore | None = None
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def _in_forked_child(target: Any, db_path: str) -> Any:
+    """What ``target(db_path, queue)`` puts in the queue, run in a forked child (which must
+    exit 0 within two minutes)."""
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    child = ctx.Process(target=target, args=(db_path, queue))
+    child.start()
+    got = queue.get(timeout=120)
+    child.join(60)
+    assert child.exitcode == 0
+    return got
+
+
 def test_forked_child_opens_its_own_connection(tmp_path: Path) -> None:
     global _PARENT_STORE
     db_path = tmp_path / "fork.db"
@@ -114,13 +127,7 @@ def test_forked_child_opens_its_own_connection(tmp_path: Path) -> None:
     store.best_config_put("ab/f.best_config", CONFIG)
     assert store.best_config_get("ab/f.best_config") == CONFIG
     parent_conn = store.db.kept._conn
-    ctx = multiprocessing.get_context("fork")
-    queue = ctx.Queue()
-    child = ctx.Process(target=_child_reads, args=(str(db_path), queue))
-    child.start()
-    got, own = queue.get(timeout=60)
-    child.join(60)
-    assert child.exitcode == 0
+    got, own = _in_forked_child(_child_reads, str(db_path))
     assert got == CONFIG and own
     # the parent's connection is untouched and still works
     assert store.db.kept._conn is parent_conn
@@ -487,13 +494,8 @@ def test_a_forked_child_checkpoints_on_its_own_thread(tmp_path: Path) -> None:
     for i in range(3):
         store.guarded_put("fxgraph", f"fbig{i}", _big_entry(i))
     assert _wait_for_checkpoints(store, 1) >= 1
-    ctx = multiprocessing.get_context("fork")
-    queue = ctx.Queue()
-    child = ctx.Process(target=_child_puts_big_entries, args=(str(db_path), queue))
-    child.start()
-    checkpoints, warned = queue.get(timeout=120)
-    child.join(60)
-    assert child.exitcode == 0 and warned == [] and checkpoints >= 1
+    checkpoints, warned = _in_forked_child(_child_puts_big_entries, str(db_path))
+    assert warned == [] and checkpoints >= 1
     assert _rows_in_main_file(db_path, tmp_path) == 6
     store.close()
     _PARENT_STORE = None
