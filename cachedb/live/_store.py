@@ -10,7 +10,6 @@ from __future__ import annotations
 import atexit
 import copy
 import datetime as dt
-import functools
 import logging
 import os
 import threading
@@ -34,9 +33,6 @@ from ._remote import RemoteTier
 
 log = logging.getLogger("cachedb.live")
 T = TypeVar("T")
-
-_GET_BEST_CONFIG = best_configs_repo.GET_BY_KEY
-_DEBUG_ENABLED = functools.partial(log.isEnabledFor, logging.DEBUG)
 
 #: Seconds a live lookup or write waits on a locked database before it counts as a miss.
 DEFAULT_LIVE_TIMEOUT_S = 10.0
@@ -377,13 +373,11 @@ class LiveStore:
         # the hot path of every Triton kernel's autotune-cache lookup: :meth:`safely` inlined
         try:
             db = self._db or self.db
-            rows = db.kept.fetch(_GET_BEST_CONFIG, {"key": key})
+            rows = db.kept.fetch(best_configs_repo.GET_BY_KEY, {"key": key})
             if not rows:
                 return None
             content, signature = rows[0]
-            if db.signer is not None:  # signed databases: the HMAC is checked
-                content = best_configs_repo.checked_content(db.signer, key, content, signature)
-            return content.encode("utf-8")  # type: ignore[no-any-return]
+            return best_configs_repo.checked_content(db.signer, key, content, signature).encode("utf-8")
         except _Unavailable:
             return None
         except Exception as exc:  # the cache must never break a compile
@@ -397,7 +391,7 @@ class LiveStore:
         found = self._read_best_config(key)
         if found is None and self.remote is not None and self.pull(sync.best_config(key)):
             found = self._read_best_config(key)
-        if _DEBUG_ENABLED():
+        if log.isEnabledFor(logging.DEBUG):
             log.debug("best config lookup %s: %s", key, "hit" if found is not None else "miss")
         return found
 
