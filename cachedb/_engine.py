@@ -6,6 +6,7 @@ above it speaks portable SQLAlchemy and runs on PostgreSQL too.
 
 from __future__ import annotations
 
+import itertools
 import math
 import operator
 import os
@@ -346,6 +347,11 @@ class HotWriteError(CacheDBError):
 #: the child could checkpoint or unlink the parent's WAL), only kept from the garbage collector.
 _INHERITED: list[Any] = []
 
+#: Numbers the kept connections a process opens (every :class:`KeptConnection`, and each
+#: reopening): a :meth:`KeptConnection.fetch_versioned` token never matches one taken on
+#: another connection, whose ``PRAGMA data_version`` counts from its own start.
+_CONNECTION_NUMBERS = itertools.count(1)
+
 
 class KeptConnection:
     """One database connection kept open for the life of a process, for the hot paths.
@@ -362,6 +368,9 @@ class KeptConnection:
       statement, ``COMMIT``: the write lock is held for that one statement only.
     - :meth:`acquire` lends the connection as a SQLAlchemy :class:`~sqlalchemy.Connection` for
       a block (``CacheDB.lookup``: BEGIN ... ROLLBACK on the kept connection).
+    - :meth:`version` and :meth:`fetch_versioned` tell, on SQLite, whether another connection
+      committed since a given moment (``PRAGMA data_version``), for process-local copies that
+      must see other processes' writes (:mod:`cachedb.live._best_configs`).
     - On an SQLite file its writes do not checkpoint the WAL inline (``wal_autocheckpoint =
       0`` while it is kept): :attr:`checkpointer` does it on a background thread
       (:mod:`cachedb._checkpoint`); the connection goes back to the pool with its automatic
@@ -378,6 +387,7 @@ class KeptConnection:
         self._lock = threading.Lock()
         self._conn: Connection | None = None
         self._dbapi: Any = None  # the driver connection of _conn
+        self._number = 0  # of _conn, from _CONNECTION_NUMBERS
         self._pid = os.getpid()
         self._compiled: dict[int, tuple[ClauseElement, _Compiled]] = {}
         self._sqlite = engine.dialect.name == "sqlite"
@@ -429,6 +439,7 @@ class KeptConnection:
         if conn is None or conn.closed or conn.invalidated:
             conn = self._conn = self._engine.connect()
             self._dbapi = conn.connection.driver_connection
+            self._number = next(_CONNECTION_NUMBERS)
             if self.checkpointer is not None:  # its writes leave checkpoints to the checkpointer
                 self._autocheckpoint = self._dbapi.execute("PRAGMA wal_autocheckpoint").fetchone()[0]
                 self._dbapi.execute("PRAGMA wal_autocheckpoint = 0")
@@ -507,6 +518,59 @@ class KeptConnection:
                     cursor.close()
                 dbapi.rollback()  # psycopg opened a transaction: end it
                 return rows
+            except Exception as exc:
+                self._discard()
+                self._raise_driver_error(exc, HotReadError, "read")
+                raise
+        finally:
+            self._lock.release()
+
+    def _data_version(self, dbapi: Any) -> tuple[int, int]:
+        """``(connection number, PRAGMA data_version)`` of the kept SQLite connection (the
+        caller holds the lock)."""
+        return (self._number, dbapi.execute("PRAGMA data_version").fetchone()[0])
+
+    def version(self) -> tuple[int, int] | None:
+        """A token that changes whenever a connection other than this one commits to the
+        SQLite database (another process, or a pooled connection of this one): ``(number of
+        the kept connection, PRAGMA data_version)``. Commits made through :meth:`write` do not
+        change it: their caller knows what it wrote. ``None`` off SQLite, or when another
+        thread holds the connection (the caller then cannot tell, and reads the database).
+
+        Raises:
+            HotReadError: the driver failed (the connection is then discarded).
+        """
+        if not self._sqlite or not self._hold():
+            return None
+        try:
+            try:
+                dbapi = self._dbapi if self._dbapi is not None else self._driver()
+                return self._data_version(dbapi)
+            except Exception as exc:
+                self._discard()
+                self._raise_driver_error(exc, HotReadError, "read")
+                raise
+        finally:
+            self._lock.release()
+
+    def fetch_versioned(
+        self, stmt: ClauseElement, params: Mapping[str, Any]
+    ) -> tuple[tuple[int, int] | None, list[tuple[Any, ...]]]:
+        """:meth:`version` and :meth:`fetch` of ``stmt`` under one hold of the connection: the
+        rows hold every commit the token counts (and maybe later ones: a copy built from them
+        is then only reloaded once more). The token is ``None`` where :meth:`version` is.
+
+        Raises:
+            HotReadError: the driver failed (the connection is then discarded).
+        """
+        if not self._sqlite or not self._hold():
+            return None, self.fetch(stmt, params)
+        try:
+            compiled = self._compile(stmt)
+            try:
+                dbapi = self._dbapi if self._dbapi is not None else self._driver()
+                token = self._data_version(dbapi)
+                return token, dbapi.execute(compiled.sql, compiled.params(params)).fetchall()
             except Exception as exc:
                 self._discard()
                 self._raise_driver_error(exc, HotReadError, "read")

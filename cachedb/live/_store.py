@@ -29,6 +29,7 @@ from ..repositories import guarded as guarded_repo
 from ..repositories import local_values as local_values_repo
 from ..repositories import timings as timings_repo
 from ..repositories.timings import next_position
+from ._best_configs import BestConfigCopy, Refused
 from ._remote import RemoteTier
 
 log = logging.getLogger("cachedb.live")
@@ -66,6 +67,8 @@ class LiveStore:
         self._warned: set[str] = set()
         self.closed = False
         self._open_failed = False
+        #: every best config, while no other connection commits (:mod:`._best_configs`)
+        self.best_configs = BestConfigCopy()
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -101,6 +104,7 @@ class LiveStore:
             if self._db is not None:
                 self._db.close()
                 self._db = None
+            self.best_configs.clear()
 
     def warn_once(self, what: str, exc: BaseException) -> None:
         if what not in self._warned:
@@ -373,6 +377,17 @@ class LiveStore:
         # the hot path of every Triton kernel's autotune-cache lookup: :meth:`safely` inlined
         try:
             db = self._db or self.db
+            copy = self.best_configs
+            token = db.kept.version()  # None off SQLite, or while another thread reads
+            if token is not None:
+                found = copy.lookup(token, key)
+                if found is False and copy.due(token):
+                    copy.load(db)
+                    found = copy.lookup(token, key)
+                if found is not False:
+                    if isinstance(found, Refused):
+                        raise found.error
+                    return found  # type: ignore[return-value]
             rows = db.kept.fetch(best_configs_repo.GET_BY_KEY, {"key": key})
             if not rows:
                 return None
@@ -386,8 +401,9 @@ class LiveStore:
 
     def best_config_get(self, key: str) -> bytes | None:
         """The best config stored under ``key`` (``"<k[1:3]>/<name>.best_config"``) as JSON
-        bytes, ``None`` on a miss: one indexed SELECT on the kept connection (then the remote
-        tier, if any, on a local miss). Never raises."""
+        bytes, ``None`` on a miss: from the process's copy of every best config while no other
+        connection has committed (:mod:`cachedb.live._best_configs`), else one indexed SELECT
+        on the kept connection; then the remote tier, if any, on a local miss. Never raises."""
         found = self._read_best_config(key)
         if found is None and self.remote is not None and self.pull(sync.best_config(key)):
             found = self._read_best_config(key)
@@ -408,6 +424,7 @@ class LiveStore:
                     repos.best_configs.put(key, content, fingerprint_id=fp_id, columns=columns)
             else:  # one upsert on the kept connection, the write lock held for it alone
                 db.kept.write(upsert, best_configs_repo.upsert_params(key, content, columns, fp_id))
+            self.best_configs.wrote(key, bytes(data))  # stored (the upsert keeps equal content as is)
             log.debug("best config write %s", key)
             return True
 

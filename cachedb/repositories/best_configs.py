@@ -24,6 +24,9 @@ _B = BestConfig.__table__
 #: Hot path: ``(content, signature)`` of one best config. Binds: ``key``.
 GET_BY_KEY = select(_B.c.content, _B.c.signature).where(_B.c.key == bindparam("key"))
 _GET = GET_BY_KEY
+#: Hot path: ``(key, content, signature)`` of every best config, at most ``limit`` rows (a
+#: process-local copy, :mod:`cachedb.live._best_configs`). Binds: ``limit``.
+ALL_CONTENT = select(_B.c.key, _B.c.content, _B.c.signature).limit(bindparam("limit"))
 _ROW = select(_B.c.id, _B.c.content).where(_B.c.key == bindparam("key"))
 _INSERT = insert(_B)
 
