@@ -501,34 +501,7 @@ class KeptConnection:
             HotReadError: the driver failed (the connection is then discarded; the next call
                 opens a new one).
         """
-        if not self._hold():
-            with self._engine.connect() as pooled:
-                return [tuple(r) for r in pooled.execute(stmt, dict(params))]
-        try:
-            compiled = self._compile(stmt)
-            try:
-                dbapi = self._dbapi if self._dbapi is not None else self._driver()
-                if self._sqlite:  # autocommit: the statement is its own read transaction
-                    return dbapi.execute(compiled.sql, compiled.params(params)).fetchall()  # type: ignore[no-any-return]
-                cursor = dbapi.cursor()
-                try:
-                    cursor.execute(compiled.sql, compiled.params(params))
-                    rows: list[tuple[Any, ...]] = cursor.fetchall()
-                finally:
-                    cursor.close()
-                dbapi.rollback()  # psycopg opened a transaction: end it
-                return rows
-            except Exception as exc:
-                self._discard()
-                self._raise_driver_error(exc, HotReadError, "read")
-                raise
-        finally:
-            self._lock.release()
-
-    def _data_version(self, dbapi: Any) -> tuple[int, int]:
-        """``(connection number, PRAGMA data_version)`` of the kept SQLite connection (the
-        caller holds the lock)."""
-        return (self._number, dbapi.execute("PRAGMA data_version").fetchone()[0])
+        return self._read(stmt, params, versioned=False)[1]
 
     def version(self) -> tuple[int, int] | None:
         """A token that changes whenever a connection other than this one commits to the
@@ -540,18 +513,7 @@ class KeptConnection:
         Raises:
             HotReadError: the driver failed (the connection is then discarded).
         """
-        if not self._sqlite or not self._hold():
-            return None
-        try:
-            try:
-                dbapi = self._dbapi if self._dbapi is not None else self._driver()
-                return self._data_version(dbapi)
-            except Exception as exc:
-                self._discard()
-                self._raise_driver_error(exc, HotReadError, "read")
-                raise
-        finally:
-            self._lock.release()
+        return self._read(None, None, versioned=True)[0] if self._sqlite else None
 
     def fetch_versioned(
         self, stmt: ClauseElement, params: Mapping[str, Any]
@@ -563,14 +525,36 @@ class KeptConnection:
         Raises:
             HotReadError: the driver failed (the connection is then discarded).
         """
-        if not self._sqlite or not self._hold():
-            return None, self.fetch(stmt, params)
+        return self._read(stmt, params, versioned=self._sqlite)
+
+    def _read(
+        self, stmt: ClauseElement | None, params: Mapping[str, Any] | None, *, versioned: bool
+    ) -> tuple[tuple[int, int] | None, list[tuple[Any, ...]]]:
+        """``(token, rows)``: the SQLite ``(connection number, PRAGMA data_version)`` when
+        ``versioned``, then the rows of ``stmt`` (none without one), on the kept connection;
+        on a pooled one (no token) when another thread holds it."""
+        if not self._hold():
+            if stmt is None:
+                return None, []
+            with self._engine.connect() as pooled:
+                return None, [tuple(r) for r in pooled.execute(stmt, dict(params or {}))]
         try:
-            compiled = self._compile(stmt)
+            compiled = self._compile(stmt) if stmt is not None else None
             try:
                 dbapi = self._dbapi if self._dbapi is not None else self._driver()
-                token = self._data_version(dbapi)
-                return token, dbapi.execute(compiled.sql, compiled.params(params)).fetchall()
+                token = (self._number, dbapi.execute("PRAGMA data_version").fetchone()[0]) if versioned else None
+                if compiled is None:
+                    return token, []
+                if self._sqlite:  # autocommit: the statement is its own read transaction
+                    return token, dbapi.execute(compiled.sql, compiled.params(params)).fetchall()
+                cursor = dbapi.cursor()
+                try:
+                    cursor.execute(compiled.sql, compiled.params(params))
+                    rows: list[tuple[Any, ...]] = cursor.fetchall()
+                finally:
+                    cursor.close()
+                dbapi.rollback()  # psycopg opened a transaction: end it
+                return token, rows
             except Exception as exc:
                 self._discard()
                 self._raise_driver_error(exc, HotReadError, "read")
