@@ -67,7 +67,7 @@ class BestConfigCopy:
         self._still_gets = 0
         self._rows = 0
         self.too_large = False
-        #: loads done (for tests and ``cachedb`` diagnostics)
+        #: how many loads were installed (read by the tests)
         self.loads = 0
 
     def lookup(self, token: Token, key: str) -> Held | None | bool:
