@@ -30,6 +30,7 @@ from . import (  # noqa: E402
     s6_concurrency,
     s7_disk,
     s8_fleet,
+    s9_startup,
 )
 from ._context import Context  # noqa: E402
 from ._report import SectionResult, cachedb_source_digest, machine_info, now_iso, write  # noqa: E402
@@ -39,10 +40,10 @@ from ._report import SectionResult, cachedb_source_digest, machine_info, now_iso
 SECTIONS: dict[str, object] = {
     m.NAME: m
     for m in (s1_warm_start, s2_timings, s3_best_configs, s4_guarded, s5_import, s6_concurrency, s7_disk,
-              s8_fleet)
+              s8_fleet, s9_startup)
 }
 #: Display order (§ numbers of the issue).
-ORDER = ["warm_start", "timings", "best_configs", "guarded", "import", "concurrency", "disk", "fleet"]
+ORDER = ["warm_start", "timings", "best_configs", "guarded", "import", "concurrency", "disk", "fleet", "startup"]
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 

@@ -57,7 +57,9 @@ import cachedb
 from torch._inductor.utils import python_subprocess_env
 cachedb.install(sys.argv[1])
 env = python_subprocess_env()  # what Inductor gives its compile workers
-probe = "import torch, cachedb.live as l, os; print(l.is_installed(), os.environ.get('TRITON_CACHE_MANAGER'))"
+# a compile worker's __main__ (torch/_inductor/compile_worker/__main__.py) starts with these
+probe = ("import torch._inductor.async_compile, torch._inductor.codecache, cachedb.live as l, os; "
+         "print(l.is_installed(), os.environ.get('TRITON_CACHE_MANAGER'))")
 print(subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True).stdout.strip())
 """
 

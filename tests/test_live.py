@@ -304,17 +304,41 @@ def test_installed_restores_seams_and_environment(tmp_path: Path) -> None:
     assert {k: os.environ.get(k) for k in env_before} == env_before
 
 
-def test_environment_variable_activates_child_processes(tmp_path: Path) -> None:
-    """What compile workers get: CACHEDB_ENABLE=1 and the bootstrap on PYTHONPATH."""
+def _env_child(tmp_path: Path, code: str, db: str = "env.db") -> subprocess.CompletedProcess[str]:
+    """``python -c code`` under the environment ``cachedb run`` gives its program."""
     from cachedb.live import child_environment
 
+    env = child_environment(str(tmp_path / db), base={k: v for k, v in os.environ.items()
+                                                       if not k.startswith("CACHEDB_")})
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path / "ind")
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          env=env, check=True, timeout=300)
+
+
+def test_environment_variable_activates_child_processes(tmp_path: Path) -> None:
+    """What compile workers get: CACHEDB_ENABLE=1 and the bootstrap on PYTHONPATH. cachedb
+    is activated when torch imports its first seam module, not at ``import torch``."""
+    from cachedb.live import child_environment
+
+    out = _env_child(tmp_path, """
+        import sys, torch
+        print(sorted(m for m in ("cachedb", "sqlalchemy", "torch._inductor") if m in sys.modules))
+        import torch._dynamo  # imports torch._inductor.cpp_builder, a seam module, half-way
+        import cachedb
+        s = cachedb.live.active_store()
+        print(cachedb.is_installed(), s and s.location)
+        from torch._inductor.codecache import FxGraphCache
+        print("_write_to_local_cache" in vars(FxGraphCache), FxGraphCache._write_to_local_cache.__module__)
+    """)
+    lines = out.stdout.splitlines()
+    # a process that imports torch and never compiles (a spawn DataLoader worker) pays nothing
+    assert lines[0] == "[]"
+    assert lines[1].split() == ["True", str(tmp_path / "env.db")]
+    assert lines[2].split() == ["True", "cachedb.live._seams"]
+    assert out.stderr == ""
     env = child_environment(str(tmp_path / "env.db"), base={k: v for k, v in os.environ.items()
                                                              if not k.startswith("CACHEDB_")})
-    env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path / "ind")
-    code = "import cachedb, torch; s = cachedb.live.active_store(); print(cachedb.is_installed(), s and s.location)"
     no_torch = "import sys, cachedb; print('torch' in sys.modules, cachedb.is_installed())"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
-    assert out.stdout.split() == ["True", str(tmp_path / "env.db")]
     out = subprocess.run([sys.executable, "-c", no_torch], capture_output=True, text=True, env=env, check=True)
     assert out.stdout.split() == ["False", "False"], "nothing is imported until the process imports torch"
     # Python processes a compile starts that never import torch (Inductor's CPU ISA probe)
@@ -324,6 +348,83 @@ def test_environment_variable_activates_child_processes(tmp_path: Path) -> None:
     assert out.stdout.strip() == "[]" and out.stderr == ""
     with_remote = child_environment(str(tmp_path / "env.db"), base=env, remote="postgresql+psycopg://h/db")
     assert with_remote["CACHEDB_REMOTE_URL"] == "postgresql+psycopg://h/db"
+
+
+def test_deferred_activation_patches_every_seam_module_once(tmp_path: Path) -> None:
+    """The seams patched as their modules finish importing are the ones ``install()`` patches,
+    each once; an explicit ``install()`` after it replaces it (one layer of patches), and
+    ``uninstall()`` restores torch's own methods and disarms the watch."""
+    out = _env_child(tmp_path, """
+        import json, torch
+        f = torch.compile(lambda x: x.sin() + 1)
+        f(torch.randn(8))
+        import cachedb
+        from cachedb.live import _autoload, _seams
+        from torch._inductor.codecache import FxGraphCache
+        from torch._inductor.cpp_builder import CppBuilder
+        deferred = sorted(p.owner.__name__ + "." + p.name for p in cachedb.live._active[1])
+        print(json.dumps(deferred))
+        own_build = CppBuilder.build.__wrapped__
+        from torch._inductor.codegen.cutlass import cache, gemm_template
+        print(gemm_template.maybe_fetch_ops is cache.maybe_fetch_ops,
+              cache.maybe_fetch_ops.__module__)
+        cachedb.install(%r)
+        explicit = sorted(p.owner.__name__ + "." + p.name for p in cachedb.live._active[1]
+                          if isinstance(p, _seams._Patch))
+        print(json.dumps(explicit))
+        print(CppBuilder.build.__wrapped__ is own_build, cachedb.live.active_store().location)
+        cachedb.uninstall()
+        print(_autoload.find_watch() is None, FxGraphCache._write_to_local_cache.__module__,
+              CppBuilder.build is own_build)
+    """ % str(tmp_path / "other.db"))
+    deferred, cutlass, explicit, layered, after = out.stdout.splitlines()
+    deferred_names = json.loads(deferred)
+    assert len(deferred_names) == len(set(deferred_names)), "a seam patched twice"
+    assert "FxGraphCache._write_to_local_cache" in deferred_names
+    assert "AOTAutogradCache.iterate_over_candidates" in deferred_names
+    assert "CppBuilder.build" in deferred_names and "LocalAutotuneCache.backend_override_cls" in deferred_names
+    # gemm_template imports maybe_fetch_ops after its module was patched, so it has cachedb's;
+    # install() finds both imported and patches both names
+    assert cutlass.split() == ["True", "cachedb.live._seams"]
+    gemm_name = "torch._inductor.codegen.cutlass.gemm_template.maybe_fetch_ops"
+    assert [n for n in json.loads(explicit) if n != gemm_name] == deferred_names
+    assert layered.split() == ["True", str(tmp_path / "other.db")]
+    assert after.split() == ["True", "torch._inductor.codecache", "True"]
+    assert out.stderr == ""
+
+
+def test_deferred_activation_with_a_missing_seam_patches_nothing(tmp_path: Path) -> None:
+    """A torch whose codecache lacks a seam (stripped here as its module finishes importing):
+    one warning, cachedb inactive, and the seams already patched (the C++ builder, imported
+    before codecache) are restored."""
+    out = _env_child(tmp_path, """
+        import importlib.machinery, sys, torch
+
+        class Strip:
+            def find_spec(self, name, path, target=None):
+                if name != "torch._inductor.codecache":
+                    return None
+                spec = importlib.machinery.PathFinder.find_spec(name, path)
+                run = spec.loader.exec_module
+                def exec_module(module):
+                    run(module)
+                    del module.LocalCache.lookup
+                spec.loader.exec_module = exec_module
+                return spec
+
+        sys.meta_path.insert(1, Strip())  # behind cachedb's watch: it runs first
+        import torch._inductor.codecache as codecache
+        import cachedb
+        from torch._inductor.cpp_builder import CppBuilder
+        print(cachedb.is_installed(), codecache.FxGraphCache._write_to_local_cache.__module__,
+              hasattr(CppBuilder.build, "__wrapped__"))
+        f = torch.compile(lambda x: x.cos() * 2)
+        print(f(torch.zeros(4)).tolist())
+    """)
+    assert out.stdout.splitlines()[0].split() == ["False", "torch._inductor.codecache", "False"]
+    assert out.stdout.splitlines()[1] == "[2.0, 2.0, 2.0, 2.0]"
+    warnings = [l for l in out.stderr.splitlines() if "cachedb" in l]
+    assert len(warnings) == 1 and "LocalCache" in warnings[0], out.stderr
 
 
 def test_best_config_key_is_relative_to_whichever_cache_dir_wrote_it() -> None:

@@ -1,8 +1,9 @@
 """cachedb's activation hook for child processes (``CACHEDB_ENABLE=1``).
 
 This directory is put on ``PYTHONPATH`` by ``cachedb.install()`` and ``cachedb run``. When
-``CACHEDB_ENABLE=1``, cachedb is installed right after the process imports torch (nothing is
-imported before that, so Python processes that never use torch pay nothing). Any other
+``CACHEDB_ENABLE=1``, cachedb is activated when the process imports the first of Inductor's
+cache modules (:mod:`cachedb.live._autoload`): nothing is imported before that, so Python
+processes that never compile (or never use torch) pay nothing. Any other
 ``sitecustomize`` further down ``sys.path`` is still run.
 """
 
@@ -28,8 +29,8 @@ def _run_next_sitecustomize() -> None:
 def _arm() -> None:
     """Load ``cachedb/live/_autoload.py`` by its path, not as ``cachedb.live._autoload``:
     importing the ``cachedb`` package (SQLAlchemy and all, ~0.4 s) is left to the moment the
-    process imports torch. Most Python processes a compile starts never do (Inductor's CPU
-    ISA probe, compiler checks)."""
+    process imports Inductor's cache modules. Most Python processes started under cachedb
+    never do (Inductor's CPU ISA probe, compiler checks, spawn DataLoader workers)."""
     path = os.path.join(os.path.dirname(_HERE), "live", "_autoload.py")
     spec = importlib.util.spec_from_file_location("_cachedb_autoload", path)
     if spec is None or spec.loader is None:

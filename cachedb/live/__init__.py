@@ -8,7 +8,7 @@ Four ways to turn it on (all equivalent):
 - ``CACHEDB_ENABLE=1`` (with ``CACHEDB_PATH`` or ``CACHEDB_URL``, and ``CACHEDB_REMOTE_URL``
   for a shared remote tier, :mod:`cachedb.live._remote`) and cachedb's bootstrap
   directory on ``PYTHONPATH``: set by the three above, so processes torch starts (compile
-  workers) turn it on too when they import torch.
+  workers) turn it on too when torch imports its cache modules (:mod:`cachedb.live._autoload`).
 """
 
 from __future__ import annotations
@@ -21,10 +21,12 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 from .._engine import default_location, to_url
 from .._errors import TorchUnavailableError
-from . import _seams
+from . import _autoload, _seams
 from ._remote import ENV_REMOTE_TIMEOUT, ENV_REMOTE_URL, DEFAULT_REMOTE_TIMEOUT_S, RemoteTier
 from ._seams import SeamMissingError
 from ._store import DEFAULT_LIVE_TIMEOUT_S, LiveStore
@@ -66,7 +68,8 @@ def child_environment(
     remote_timeout_s: float | None = None,
 ) -> dict[str, str]:
     """``base`` (default ``os.environ``) plus what makes a child process activate cachedb on
-    ``location`` (and the remote tier ``remote``, a URL, if given) when it imports torch."""
+    ``location`` (and the remote tier ``remote``, a URL, if given) when it imports Inductor's cache
+    modules (:mod:`cachedb.live._autoload`)."""
     env = dict(os.environ if base is None else base)
     env.pop("CACHEDB_PATH", None)
     env.pop("CACHEDB_URL", None)
@@ -128,6 +131,7 @@ def install(
     cannot be opened does not raise: it logs one warning and every lookup is a miss.
     """
     global _active
+    _disarm_watch()  # an explicit install replaces the environment's deferred activation
     location = os.fspath(path) if path is not None else default_location()
     if "://" not in location:
         location = str(Path(location).expanduser().resolve())
@@ -143,7 +147,7 @@ def install(
     with _lock:
         if _active is not None:
             active_remote = _active[0].remote.url if _active[0].remote is not None else None
-            if _active[0].location == location and active_remote == remote:
+            if _active[0].location == location and active_remote == remote and _deferred is None:
                 return _active[0]
             uninstall()
         if retune is None:
@@ -153,37 +157,137 @@ def install(
         tier = RemoteTier(remote, timeout_s=remote_timeout_s) if remote else None
         store = LiveStore(location, timeout_s=timeout_s, trust=trust, remote=tier)
         patches = _seams.build(store, retune=retune)
-        has_triton = _seams.triton_available()
         _seams.apply(patches)
-        previous = {
-            k: os.environ.get(k)
-            for k in ("CACHEDB_PATH", "CACHEDB_URL", ENV_ENABLE, "PYTHONPATH", ENV_TRITON_MANAGER,
-                      ENV_TORCH_PYTHONPATH, ENV_REMOTE_URL, ENV_REMOTE_TIMEOUT)
-        }
-        child = child_environment(location, remote=remote, remote_timeout_s=remote_timeout_s if remote else None)
-        if not remote:
-            child.pop(ENV_REMOTE_URL, None)
-            child.pop(ENV_REMOTE_TIMEOUT, None)
-        user_manager = os.environ.get(ENV_TRITON_MANAGER)
-        if has_triton and user_manager and user_manager != TRITON_MANAGER_SPEC:
-            log.warning(
-                "cachedb: %s=%s is set; Triton kernels stay in Triton's own cache (not the database)",
-                ENV_TRITON_MANAGER, user_manager,
-            )
-        for key in previous:
-            if key in child:
-                os.environ[key] = child[key]
-            else:
-                os.environ.pop(key, None)
-        # Inductor starts its compile workers with the parent's sys.path as PYTHONPATH: put the
-        # bootstrap there too, so they activate cachedb (best configs, timings, kernels).
-        if BOOTSTRAP_DIR not in sys.path:
-            sys.path.insert(0, BOOTSTRAP_DIR)
-        _active = (store, patches, previous)
-        _register_exit()
-        store.safely("opening the database", None, lambda: store.db)
-        log.info("cachedb: serving Inductor caches from %s (pid %d)", location, os.getpid())
+        _start(store, patches, remote, remote_timeout_s, has_triton=_seams.triton_available())
         return store
+
+
+def _start(store: LiveStore, patches: list[_seams._Patch], remote: str | None, remote_timeout_s: float,
+           *, has_triton: bool) -> None:
+    """Make ``store`` (with ``patches`` applied) the active one: the environment for child
+    processes, the exit hook, the database opened. Called with ``_lock`` held."""
+    global _active
+    previous = {
+        k: os.environ.get(k)
+        for k in ("CACHEDB_PATH", "CACHEDB_URL", ENV_ENABLE, "PYTHONPATH", ENV_TRITON_MANAGER,
+                  ENV_TORCH_PYTHONPATH, ENV_REMOTE_URL, ENV_REMOTE_TIMEOUT)
+    }
+    child = child_environment(store.location, remote=remote, remote_timeout_s=remote_timeout_s if remote else None)
+    if not remote:
+        child.pop(ENV_REMOTE_URL, None)
+        child.pop(ENV_REMOTE_TIMEOUT, None)
+    user_manager = os.environ.get(ENV_TRITON_MANAGER)
+    if has_triton and user_manager and user_manager != TRITON_MANAGER_SPEC:
+        log.warning(
+            "cachedb: %s=%s is set; Triton kernels stay in Triton's own cache (not the database)",
+            ENV_TRITON_MANAGER, user_manager,
+        )
+    for key in previous:
+        if key in child:
+            os.environ[key] = child[key]
+        else:
+            os.environ.pop(key, None)
+    # Inductor starts its compile workers with the parent's sys.path as PYTHONPATH: put the
+    # bootstrap there too, so they activate cachedb (best configs, timings, kernels).
+    if BOOTSTRAP_DIR not in sys.path:
+        sys.path.insert(0, BOOTSTRAP_DIR)
+    _active = (store, patches, previous)
+    _register_exit()
+    store.safely("opening the database", None, lambda: store.db)
+    log.info("cachedb: serving Inductor caches from %s (pid %d)", store.location, os.getpid())
+
+
+# --------------------------------------------------------------------------- deferred activation
+# Under CACHEDB_ENABLE=1 (``cachedb run``, and every process started under an active cachedb),
+# the bootstrap's SeamWatch (cachedb/live/_autoload.py) calls _on_seam_module as each of torch's
+# seam modules finishes importing: the first call opens the store (settings from the
+# environment, as ``install()`` with no arguments), each call patches its module.
+
+
+class _Deferred:
+    """The state of an activation made by :class:`~cachedb.live._autoload.SeamWatch`."""
+
+    def __init__(self, watch: Any, retune: bool) -> None:
+        self.watch = watch
+        self.retune = retune
+        self.patched: set[str] = set()
+
+
+_deferred: _Deferred | None = None
+
+
+def _disarm_watch() -> None:
+    watch = _autoload.find_watch()
+    if watch is not None:
+        watch.disarm()
+
+
+def _activate_deferred(watch: Any) -> None:
+    """Open the store from the environment and patch every seam module that is imported
+    and complete (the others are patched as they complete). Called with ``_lock`` held."""
+    global _deferred
+    location = default_location()
+    if "://" not in location:
+        location = str(Path(location).expanduser().resolve())
+    _setup_trace_log()
+    remote = os.environ.get(ENV_REMOTE_URL) or None
+    remote_timeout_s = float(os.environ.get(ENV_REMOTE_TIMEOUT) or DEFAULT_REMOTE_TIMEOUT_S)
+    store = LiveStore(
+        location, timeout_s=float(os.environ.get(ENV_TIMEOUT) or DEFAULT_LIVE_TIMEOUT_S),
+        remote=RemoteTier(remote, timeout_s=remote_timeout_s) if remote else None,
+    )
+    _deferred = _Deferred(watch, retune=os.environ.get(ENV_RETUNE) == "1")
+    _start(store, [], remote, remote_timeout_s, has_triton="triton" in sys.modules)
+    executing = watch.executing()
+    for name in _autoload.SEAM_MODULES:
+        if name in sys.modules and name not in executing:
+            _patch_deferred(name)
+
+
+def _patch_deferred(name: str) -> None:
+    """Patch seam module ``name`` (imported, complete) for the deferred activation, once;
+    a missing seam undoes every patch and deactivates cachedb (it raises on)."""
+    assert _active is not None and _deferred is not None
+    if name in _deferred.patched:
+        return
+    _deferred.patched.add(name)
+    try:
+        patches = _seams.module_patches(name, _active[0], retune=_deferred.retune)
+        _seams.apply(patches)
+    except BaseException:
+        uninstall()
+        raise
+    _active[1].extend(patches)
+
+
+def _on_seam_module(name: str, module: ModuleType, watch: Any) -> None:
+    """SeamWatch's callback: seam module ``name`` has just finished importing. Raises
+    :class:`SeamMissingError` (cachedb is then not active in this process)."""
+    with _lock:
+        if watch.disarmed:
+            return
+        if _active is None:
+            _activate_deferred(watch)
+        elif _deferred is None or _deferred.watch is not watch:
+            return  # an explicit install() is active: it patched everything itself
+        _patch_deferred(name)
+
+
+def _active_or_deferred() -> LiveStore | None:
+    """The active store, activating the environment's deferred activation first if it is
+    armed and has not happened yet (a seam reached before any seam module completed: e.g.
+    the best-config backend unpickled in a compile worker)."""
+    if _active is None:
+        watch = _autoload.find_watch()
+        if watch is not None:
+            with _lock:
+                if _active is None and not watch.disarmed:
+                    try:
+                        _activate_deferred(watch)
+                    except Exception as exc:  # noqa: BLE001 - a miss, never the user's failure
+                        watch.disarm()
+                        log.warning("cachedb: not activated in process %d: %s", os.getpid(), exc)
+    return active_store()
 
 
 _exit_registered = False
@@ -226,12 +330,16 @@ def _setup_trace_log() -> None:
 
 
 def uninstall() -> None:
-    """Restore torch's own file caches and the environment ``install`` changed."""
-    global _active
+    """Restore torch's own file caches and the environment ``install`` changed (a deferred
+    activation from the environment is disarmed: it does not come back in this process)."""
+    global _active, _deferred
     with _lock:
         if _active is None:
             return
         store, patches, previous = _active
+        if _deferred is not None:
+            _deferred.watch.disarm()
+            _deferred = None
         _seams.restore(patches)
         while BOOTSTRAP_DIR in sys.path:
             sys.path.remove(BOOTSTRAP_DIR)

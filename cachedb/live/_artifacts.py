@@ -240,10 +240,10 @@ def current() -> KernelArtifacts | None:
     ``CACHEDB_PATH``/``CACHEDB_URL``, and ``CACHEDB_REMOTE_URL`` if set: e.g. a Triton compile
     in a forked worker), a store opened from it; else ``None`` (Triton and Inductor use their files alone)."""
     global _standalone
-    from . import ENV_ENABLE, ENV_TIMEOUT, active_store
+    from . import ENV_ENABLE, ENV_TIMEOUT, _active_or_deferred
     from ._store import DEFAULT_LIVE_TIMEOUT_S
 
-    store = active_store()
+    store = _active_or_deferred()
     if store is None:
         if os.environ.get(ENV_ENABLE) != "1":
             return None

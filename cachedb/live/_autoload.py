@@ -1,8 +1,21 @@
-"""Install cachedb in a process as soon as it has imported torch (``CACHEDB_ENABLE=1``).
+"""Activate cachedb in a process started under ``CACHEDB_ENABLE=1`` once it needs Inductor.
 
-Imports nothing but the standard library until torch is imported: the bootstrap
-(``cachedb/_bootstrap/sitecustomize.py``) loads this file by its path in every Python process
-started under an active cachedb.
+The bootstrap (``cachedb/_bootstrap/sitecustomize.py``) loads this file by its path in every
+Python process started under an active cachedb. It imports nothing but the standard library,
+and neither does what it arms:
+
+1. after ``import torch`` has run, :class:`SeamWatch` goes on ``sys.meta_path``;
+2. right after each of :data:`SEAM_MODULES` has been executed, the watch hands it to
+   ``cachedb.live`` (:func:`cachedb.live._on_seam_module`), which opens the database on the
+   first one and patches each module's seams as it arrives.
+
+A process that imports torch and never imports Inductor (a DataLoader worker started with
+``spawn``, ``torchrun``'s launcher, a data-prep script under ``cachedb run``) so never imports
+cachedb, SQLAlchemy or Inductor: ``import torch`` costs what it costs without cachedb
+(``import torch._inductor`` for the seams and ``import cachedb`` cost ~2 s there). Patching a
+module right after it ran, rather than importing the others, never touches a module that is
+still being executed (``torch._dynamo`` imports ``cpp_builder`` half-way through its own
+import).
 """
 
 from __future__ import annotations
@@ -12,15 +25,30 @@ import importlib.machinery
 import logging
 import os
 import sys
+import threading
 from types import ModuleType
 from typing import Any
 
 log = logging.getLogger("cachedb.live")
 
+#: The torch modules whose attributes cachedb patches (:mod:`cachedb.live._seams`), in the order
+#: torch 2.13 finishes importing them for a first ``torch.compile``: the C++ builder (imported
+#: by ``torch._dynamo``), the FX graph cache, the AOTAutograd cache, ``LocalAutotuneCache``,
+#: the Triton autotuner, the CUTLASS op-list cache (torch >= 2.11, then 2.9/2.10).
+SEAM_MODULES = (
+    "torch._inductor.cpp_builder",
+    "torch._inductor.codecache",
+    "torch._functorch._aot_autograd.autograd_cache",
+    "torch._inductor.runtime.autotune_cache",
+    "torch._inductor.runtime.triton_heuristics",
+    "torch._inductor.codegen.cutlass.cache",
+    "torch._inductor.codegen.cuda.cutlass_cache",
+)
+
 
 def _install_from_environment() -> None:
     # absolute: the bootstrap loads this file by path (as ``_cachedb_autoload``), so that
-    # ``cachedb`` itself is imported only here, once torch is
+    # ``cachedb`` itself is imported only here
     from cachedb.live import install
 
     try:
@@ -29,8 +57,91 @@ def _install_from_environment() -> None:
         log.warning("cachedb: not activated in process %d (%s): %s", os.getpid(), " ".join(sys.argv)[:200], exc)
 
 
+class SeamWatch(importlib.abc.MetaPathFinder):
+    """A ``sys.meta_path`` finder that runs cachedb's activation right after each of
+    :data:`SEAM_MODULES` is executed by its own loader (found by the other finders).
+
+    ``in_flight``: the seam modules being executed now (their patches wait for the end);
+    ``disarmed``: set by ``cachedb.install``/``uninstall``, after which it does nothing.
+    """
+
+    #: What ``cachedb.live`` looks for on ``sys.meta_path`` (this file is loaded by path, so
+    #: the class is not importable under one name).
+    cachedb_seam_watch = True
+
+    def __init__(self) -> None:
+        self.in_flight: set[str] = set()
+        self.disarmed = False
+        self._lock = threading.Lock()
+        self._warned = False
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in SEAM_MODULES or self.disarmed:
+            return None
+        spec = None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                break
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def exec_then_activate(module: ModuleType) -> None:
+            with self._lock:
+                self.in_flight.add(fullname)
+            try:
+                exec_module(module)
+            finally:
+                with self._lock:
+                    self.in_flight.discard(fullname)
+            self._loaded(fullname, module)
+
+        spec.loader.exec_module = exec_then_activate  # type: ignore[method-assign]  # this loader instance only
+        return spec
+
+    def executing(self) -> frozenset[str]:
+        """The seam modules whose code is running now (imported but not complete)."""
+        with self._lock:
+            return frozenset(self.in_flight)
+
+    def _loaded(self, name: str, module: ModuleType) -> None:
+        if self.disarmed:
+            return
+        try:
+            from cachedb.live import _on_seam_module
+
+            _on_seam_module(name, module, self)
+        except Exception as exc:  # never break the user's import
+            if not self._warned:
+                self._warned = True
+                log.warning("cachedb: not activated in process %d (%s): %s", os.getpid(),
+                            " ".join(sys.argv)[:200], exc)
+
+    def disarm(self) -> None:
+        self.disarmed = True
+        while self in sys.meta_path:
+            sys.meta_path.remove(self)
+
+
+def find_watch() -> SeamWatch | None:
+    """The armed :class:`SeamWatch` on ``sys.meta_path``, if any (duck-typed: the bootstrap
+    loads this file by path, so its class is not ``cachedb.live._autoload.SeamWatch``)."""
+    for finder in sys.meta_path:
+        if getattr(finder, "cachedb_seam_watch", False) and not getattr(finder, "disarmed", True):
+            return finder  # type: ignore[no-any-return]
+    return None
+
+
+def _watch_seams() -> None:
+    if find_watch() is None:
+        sys.meta_path.insert(0, SeamWatch())
+
+
 class _AfterTorchImport(importlib.abc.MetaPathFinder):
-    """Wraps the loader of the top-level ``torch`` package to install cachedb after it ran."""
+    """Wraps the loader of the top-level ``torch`` package to arm :class:`SeamWatch` after it ran."""
 
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
         if fullname != "torch":
@@ -44,14 +155,15 @@ class _AfterTorchImport(importlib.abc.MetaPathFinder):
 
         def exec_module(module: ModuleType) -> None:
             original_exec(module)
-            _install_from_environment()
+            _watch_seams()
 
         loader.exec_module = exec_module  # type: ignore[method-assign]
         return spec
 
 
 def arm() -> None:
-    """Install now if torch is already imported, else right after ``import torch``."""
+    """Watch for Inductor's seam modules from the end of ``import torch`` on; if torch is
+    imported already (its modules may be too), install now."""
     if "torch" in sys.modules:
         _install_from_environment()
     elif not any(isinstance(f, _AfterTorchImport) for f in sys.meta_path):

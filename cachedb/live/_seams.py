@@ -23,8 +23,11 @@ installed)
 Triton is installed; not with ``retune=True``)          winners, :mod:`cachedb.live._autotune`)
 =====================================================  ==========================================
 
-All of them or none: :func:`apply` raises :class:`SeamMissingError` before touching anything
-when one is missing (another torch version moved it).
+All of them or none: :func:`build` (``cachedb.install``) raises :class:`SeamMissingError`
+before anything is patched when one is missing (another torch version moved it). Under
+``CACHEDB_ENABLE=1`` each module of :data:`~cachedb.live._autoload.SEAM_MODULES` is patched
+right after torch imports it (:func:`module_patches`, :mod:`cachedb.live._autoload`); a missing
+seam then undoes the patches made so far and leaves cachedb inactive in that process.
 """
 
 from __future__ import annotations
@@ -42,10 +45,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._errors import CacheDBError
+from ._autoload import SEAM_MODULES
 from ._cpp_cache import wrap_build, wrap_worker_compile_cpp
 from ._store import LazyLocalCache, LiveStore
 
 log = logging.getLogger("cachedb.live")
+
+#: The seam modules (see the table above), named as in :data:`SEAM_MODULES`.
+CODECACHE, AOT_CACHE, AUTOTUNE_CACHE, CPP_BUILDER = (
+    "torch._inductor.codecache", "torch._functorch._aot_autograd.autograd_cache",
+    "torch._inductor.runtime.autotune_cache", "torch._inductor.cpp_builder",
+)
+TRITON_HEURISTICS = "torch._inductor.runtime.triton_heuristics"
 
 #: Where ``maybe_fetch_ops`` lives: torch >= 2.11, then 2.9/2.10.
 _CUTLASS_MODULES = (
@@ -119,7 +130,20 @@ def best_config_key(path: str) -> str:
 _NOT_NAMES = frozenset({"", ".", ".."})
 
 
-def _guarded_seams(store: LiveStore, cls: type, kind: str, base_iterate: Callable[..., Any]) -> list[_Patch]:
+def _guarded_seams(store: LiveStore, cls: type, kind: str) -> list[_Patch]:
+    """``_write_to_local_cache`` / ``iterate_over_candidates`` of ``FxGraphCache`` or
+    ``AOTAutogradCache`` (``cls``); the remote part of the loop stays ``GuardedCache``'s."""
+    for attr in ("_write_to_local_cache", "iterate_over_candidates"):
+        if not hasattr(cls, attr):
+            raise SeamMissingError(f"torch seam missing: {cls.__name__}.{attr}")
+    # GuardedCache's own loop (torch/_inductor/codecache.py), found through the class itself:
+    # the AOTAutograd cache module may finish importing while codecache is still running.
+    base = next((vars(k)["iterate_over_candidates"] for k in cls.__mro__[1:]
+                 if "iterate_over_candidates" in vars(k)), None)
+    if not isinstance(base, classmethod):
+        raise SeamMissingError(f"torch seam missing: a base class of {cls.__name__} with iterate_over_candidates")
+    base_iterate = base.__func__
+
     def write_to_local_cache(key: str, content: bytes) -> None:
         store.guarded_put(kind, key, content)
 
@@ -149,12 +173,10 @@ def _guarded_seams(store: LiveStore, cls: type, kind: str, base_iterate: Callabl
 
 
 def _local_cache_seams(store: LiveStore) -> list[_Patch]:
-    codecache = _require("torch._inductor.codecache")
-    CacheBase = _require("torch._inductor.codecache", "CacheBase")
-    LocalCache = _require("torch._inductor.codecache", "LocalCache")
-    _require("torch._inductor.codecache", "CacheBase", "update_local_cache")
-    _require("torch._inductor.codecache", "LocalCache", "lookup")
-    del codecache
+    CacheBase = _require(CODECACHE, "CacheBase")
+    LocalCache = _require(CODECACHE, "LocalCache")
+    _require(CODECACHE, "CacheBase", "update_local_cache")
+    _require(CODECACHE, "LocalCache", "lookup")
 
     def get_local_cache(self: Any) -> dict[str, Any]:
         return store.local_cache(CacheBase.get_system()["hash"])
@@ -186,13 +208,13 @@ _ACTIVE_STORE: Callable[[], LiveStore | None] | None = None
 
 
 def _active_store() -> LiveStore | None:
-    """:func:`cachedb.live.active_store`, looked up once (an import statement per call costs
-    a best-config get about 1 us)."""
+    """The active store (activating a deferred activation first: ``cachedb.live._active_or_deferred``),
+    looked up once (an import statement per call costs a best-config get about 1 us)."""
     global _ACTIVE_STORE
     if _ACTIVE_STORE is None:
-        from . import active_store
+        from . import _active_or_deferred
 
-        _ACTIVE_STORE = active_store
+        _ACTIVE_STORE = _active_or_deferred
     return _ACTIVE_STORE()
 
 
@@ -242,10 +264,10 @@ def __getattr__(name: str) -> Any:
 def _best_config_seams(store: LiveStore) -> list[_Patch]:
     # torch 2.13 defines it in remote_cache.py, 2.11 in runtime/autotune_cache.py; the
     # latter module has the name in both.
-    LocalAutotuneCache = _require("torch._inductor.runtime.autotune_cache", "LocalAutotuneCache")
+    LocalAutotuneCache = _require(AUTOTUNE_CACHE, "LocalAutotuneCache")
     RemoteCacheBackend = _require("torch._inductor.remote_cache", "RemoteCacheBackend")
-    AutotuneCacheArtifact = _require("torch._inductor.runtime.autotune_cache", "AutotuneCacheArtifact")
-    _require("torch._inductor.runtime.autotune_cache", "AutotuneCacheArtifact", "populate_cache")
+    AutotuneCacheArtifact = _require(AUTOTUNE_CACHE, "AutotuneCacheArtifact")
+    _require(AUTOTUNE_CACHE, "AutotuneCacheArtifact", "populate_cache")
 
     def populate_cache(self: Any) -> None:
         content = self.content if isinstance(self.content, bytes) else bytes(self.content)
@@ -394,19 +416,20 @@ def _cutlass_patches(store: LiveStore, cache: Any, gemm_mod: str, utils_mod: str
     return patches
 
 
-def _cpp_seams() -> list[_Patch]:
-    codecache = _require("torch._inductor.codecache")
-    worker = _require("torch._inductor.codecache", "_worker_compile_cpp")
-    _require("torch._inductor.codecache", "CppCodeCache", "load_async")
-    CppBuilder = _require("torch._inductor.cpp_builder", "CppBuilder")
-    _require("torch._inductor.cpp_builder", "CppBuilder", "get_target_file_path")
-    build = _require("torch._inductor.cpp_builder", "CppBuilder", "build")
-    _require("torch._inductor.cpp_builder", "get_compiler_version_info")
-    _require("torch._inductor.cpp_builder", "get_cpp_compiler")
-    return [
-        _Patch(codecache, "_worker_compile_cpp", wrap_worker_compile_cpp(worker)),
-        _Patch(CppBuilder, "build", wrap_build(build)),
-    ]
+def _worker_compile_cpp_seam() -> list[_Patch]:
+    codecache = _require(CODECACHE)
+    worker = _require(CODECACHE, "_worker_compile_cpp")
+    _require(CODECACHE, "CppCodeCache", "load_async")
+    return [_Patch(codecache, "_worker_compile_cpp", wrap_worker_compile_cpp(worker))]
+
+
+def _cpp_builder_seam() -> list[_Patch]:
+    CppBuilder = _require(CPP_BUILDER, "CppBuilder")
+    _require(CPP_BUILDER, "CppBuilder", "get_target_file_path")
+    build = _require(CPP_BUILDER, "CppBuilder", "build")
+    _require(CPP_BUILDER, "get_compiler_version_info")
+    _require(CPP_BUILDER, "get_cpp_compiler")
+    return [_Patch(CppBuilder, "build", wrap_build(build))]
 
 
 def triton_available() -> bool:
@@ -433,24 +456,35 @@ def _autotune_seams() -> list[_Patch]:
     return [_Patch(owner, "recheck_autotune_cache", _autotune.recheck_autotune_cache)]
 
 
-def build(store: LiveStore, *, retune: bool = False) -> list[_Patch]:
-    """Every patch for the installed torch. Raises :class:`SeamMissingError` if one is missing.
+def module_patches(name: str, store: LiveStore, *, retune: bool = False) -> list[_Patch]:
+    """The patches of one of :data:`SEAM_MODULES` (``name``, imported and complete): what
+    :func:`build` patches in it. Raises :class:`SeamMissingError` if a seam is missing.
     ``retune``: keep torch's own ``recheck_autotune_cache`` (re-measure stored winners)."""
-    FxGraphCache = _require("torch._inductor.codecache", "FxGraphCache")
-    GuardedCache = _require("torch._inductor.codecache", "GuardedCache")
-    AOTAutogradCache = _require("torch._functorch._aot_autograd.autograd_cache", "AOTAutogradCache")
-    for cls in (FxGraphCache, AOTAutogradCache):
-        for attr in ("_write_to_local_cache", "iterate_over_candidates"):
-            if not hasattr(cls, attr):
-                raise SeamMissingError(f"torch seam missing: {cls.__name__}.{attr}")
-    base_iterate = vars(GuardedCache)["iterate_over_candidates"].__func__
+    if name == CODECACHE:
+        return (_guarded_seams(store, _require(CODECACHE, "FxGraphCache"), "fxgraph")
+                + _local_cache_seams(store) + _worker_compile_cpp_seam())
+    if name == AOT_CACHE:
+        return _guarded_seams(store, _require(AOT_CACHE, "AOTAutogradCache"), "aotautograd")
+    if name == AUTOTUNE_CACHE:
+        return _best_config_seams(store)
+    if name == CPP_BUILDER:
+        return _cpp_builder_seam()
+    if name == TRITON_HEURISTICS:
+        return _autotune_seams() if not retune and triton_available() else []
+    for cache_mod, gemm_mod, utils_mod, config_ns in _CUTLASS_MODULES:
+        if name == cache_mod:
+            return _cutlass_patches(store, _require(cache_mod), gemm_mod, utils_mod, config_ns)
+    raise ValueError(f"{name} is not one of cachedb's seam modules")
+
+
+def build(store: LiveStore, *, retune: bool = False) -> list[_Patch]:
+    """Every patch for the installed torch, importing the seam modules (the CUTLASS one is
+    patched when torch imports it). Raises :class:`SeamMissingError` if one is missing.
+    ``retune``: keep torch's own ``recheck_autotune_cache`` (re-measure stored winners)."""
     patches: list[_Patch] = []
-    patches += _guarded_seams(store, FxGraphCache, "fxgraph", base_iterate)
-    patches += _guarded_seams(store, AOTAutogradCache, "aotautograd", base_iterate)
-    patches += _local_cache_seams(store)
-    patches += _best_config_seams(store)
+    for name in (CODECACHE, AOT_CACHE, AUTOTUNE_CACHE, CPP_BUILDER):
+        patches += module_patches(name, store, retune=retune)
     patches += _cutlass_seams(store)
-    patches += _cpp_seams()
     if not retune and triton_available():
         patches += _autotune_seams()
     return patches
