@@ -126,6 +126,10 @@ def install(
     environment when the first compile starts them, so install before the first
     ``torch.compile``.
 
+    In a process started under ``CACHEDB_ENABLE=1``, cachedb activates itself when torch
+    imports Inductor's cache modules (:mod:`cachedb.live._autoload`); an explicit ``install``
+    replaces that activation.
+
     Raises :class:`TorchUnavailableError` without torch, and :class:`SeamMissingError` when
     the installed torch (or Triton) lacks a seam (nothing is patched then). A database that
     cannot be opened does not raise: it logs one warning and every lookup is a miss.

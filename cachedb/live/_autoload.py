@@ -90,20 +90,22 @@ class SeamWatch(importlib.abc.MetaPathFinder):
         exec_module = spec.loader.exec_module
 
         def exec_then_activate(module: ModuleType) -> None:
+            # in flight until its own patches are made: an activation in another thread
+            # leaves it to this callback (importing it there would wait on its import lock)
             with self._lock:
                 self.in_flight.add(fullname)
             try:
                 exec_module(module)
+                self._loaded(fullname, module)
             finally:
                 with self._lock:
                     self.in_flight.discard(fullname)
-            self._loaded(fullname, module)
 
         spec.loader.exec_module = exec_then_activate  # type: ignore[method-assign]  # this loader instance only
         return spec
 
     def executing(self) -> frozenset[str]:
-        """The seam modules whose code is running now (imported but not complete)."""
+        """The seam modules whose code, or whose activation callback, is running now."""
         with self._lock:
             return frozenset(self.in_flight)
 
