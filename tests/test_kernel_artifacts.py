@@ -192,6 +192,32 @@ def test_triton_kernels_are_served_into_an_empty_cache_dir(triton_db: tuple[Path
 
 
 @triton_needed
+def test_triton_kernels_are_served_before_inductor_is_imported(triton_db: tuple[Path, dict], tmp_path: Path) -> None:
+    """Under ``CACHEDB_ENABLE=1`` a process that imported torch, not Inductor, and compiles
+    Triton kernels of its own: Triton's cache manager asks for the store, which activates
+    cachedb then and there (the deferred activation) and serves every kernel."""
+    from cachedb.live import child_environment
+
+    db, cold = triton_db
+    env = child_environment(str(db), base={k: v for k, v in os.environ.items()
+                                           if not k.startswith(("CACHEDB_", "TRITON_"))})
+    code = (
+        "import runpy, sys, torch\n"
+        f"sys.argv = [{str(TRITON_CHILD)!r}, {str(tmp_path / 'fresh')!r}, '3']\n"
+        f"runpy.run_path({str(TRITON_CHILD)!r}, run_name='__main__')\n"
+        "import cachedb\n"
+        "print(cachedb.is_installed(), 'torch._inductor.codecache' in sys.modules)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result, state = proc.stdout.strip().splitlines()[-2:]
+    warm = json.loads(result)
+    assert warm["hits"] == [True, True, True]
+    assert warm["cubin_sha256"] == cold["cubin_sha256"]
+    assert state.split() == ["True", "False"]
+
+
+@triton_needed
 def test_triton_kernel_with_a_damaged_blob_is_compiled_again_and_quarantined(
     triton_db: tuple[Path, dict], tmp_path: Path
 ) -> None:

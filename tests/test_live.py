@@ -393,6 +393,18 @@ def test_deferred_activation_patches_every_seam_module_once(tmp_path: Path) -> N
     assert out.stderr == ""
 
 
+def test_seam_modules_are_the_modules_install_patches() -> None:
+    """The watch's list (stdlib-only, read before cachedb is imported) names every module
+    whose attributes ``_seams`` patches, and nothing else."""
+    from cachedb.live import _autoload, _autotune, _seams
+
+    assert set(_autoload.SEAM_MODULES) == {
+        _seams.CODECACHE, _seams.AOT_CACHE, _seams.AUTOTUNE_CACHE, _seams.CPP_BUILDER,
+        _seams.TRITON_HEURISTICS, *(m[0] for m in _seams._CUTLASS_MODULES),
+    }
+    assert _autotune._MODULE == _seams.TRITON_HEURISTICS
+
+
 def test_deferred_activation_with_a_missing_seam_patches_nothing(tmp_path: Path) -> None:
     """A torch whose codecache lacks a seam (stripped here as its module finishes importing):
     one warning, cachedb inactive, and the seams already patched (the C++ builder, imported

@@ -78,13 +78,7 @@ class SeamWatch(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
         if fullname not in SEAM_MODULES or self.disarmed:
             return None
-        spec = None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                break
+        spec = spec_from_others(self, fullname, path, target)
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
         exec_module = spec.loader.exec_module
@@ -126,6 +120,18 @@ class SeamWatch(importlib.abc.MetaPathFinder):
         self.disarmed = True
         while self in sys.meta_path:
             sys.meta_path.remove(self)
+
+
+def spec_from_others(finder: object, fullname: str, path: Any, target: Any) -> importlib.machinery.ModuleSpec | None:
+    """The spec of ``fullname`` from the ``sys.meta_path`` finders other than ``finder`` (what
+    the import system would find without it), or ``None``."""
+    for other in sys.meta_path:
+        if other is finder or not hasattr(other, "find_spec"):
+            continue
+        spec = other.find_spec(fullname, path, target)
+        if spec is not None:
+            return spec  # type: ignore[no-any-return]
+    return None
 
 
 def find_watch() -> SeamWatch | None:

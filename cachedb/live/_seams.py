@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._errors import CacheDBError
-from ._autoload import SEAM_MODULES
+from ._autoload import SEAM_MODULES, spec_from_others
 from ._cpp_cache import wrap_build, wrap_worker_compile_cpp
 from ._store import LazyLocalCache, LiveStore
 
@@ -290,13 +290,7 @@ class _AfterImport:
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
         if fullname != self.name:
             return None
-        spec = None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                break
+        spec = spec_from_others(self, fullname, path, target)
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
         loader, callback = spec.loader, self.callback
