@@ -634,7 +634,10 @@ def run(obj: _Context, command: tuple[str, ...], remote: str | None, remote_time
 
     The program and every Python process it starts (compile workers) store and find FX
     graph and AOTAutograd entries, autotune timings, best configs, CUTLASS op lists and
-    compiled kernels in the database instead of TORCHINDUCTOR_CACHE_DIR.
+    compiled kernels in the database instead of TORCHINDUCTOR_CACHE_DIR. Each process
+    turns cachedb on when torch imports Inductor's cache modules: one that imports torch
+    and never compiles (a spawn DataLoader worker, torchrun's launcher) starts as fast as
+    without cachedb.
 
     With --remote, a shared database (PostgreSQL) stands behind the local one: a local miss
     is looked up there and copied into the local file, and what the program writes is

@@ -393,6 +393,33 @@ def test_deferred_activation_patches_every_seam_module_once(tmp_path: Path) -> N
     assert out.stderr == ""
 
 
+def test_spawn_dataloader_workers_do_not_import_cachedb(tmp_path: Path) -> None:
+    """A training script's DataLoader workers started with ``spawn`` import torch, not
+    Inductor: under ``cachedb run`` they import neither cachedb nor Dynamo."""
+    script = tmp_path / "loader.py"
+    script.write_text(textwrap.dedent("""
+        import sys, torch
+        from torch.utils.data import DataLoader, TensorDataset
+
+        def init(i):
+            print("worker", i, sorted(m for m in ("cachedb", "sqlalchemy", "torch._dynamo") if m in sys.modules),
+                  flush=True)
+
+        if __name__ == "__main__":
+            data = DataLoader(TensorDataset(torch.arange(8.0)), batch_size=4, num_workers=2,
+                              multiprocessing_context="spawn", worker_init_fn=init)
+            print("sum", float(sum(b[0].sum() for b in data)))
+    """))
+    from cachedb.live import child_environment
+
+    env = child_environment(str(tmp_path / "env.db"), base={k: v for k, v in os.environ.items()
+                                                             if not k.startswith("CACHEDB_")})
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env,
+                         check=True, timeout=300)
+    lines = sorted(out.stdout.splitlines())
+    assert lines == ["sum 28.0", "worker 0 []", "worker 1 []"], out.stdout + out.stderr
+
+
 def test_seam_modules_are_the_modules_install_patches() -> None:
     """The watch's list (stdlib-only, read before cachedb is imported) names every module
     whose attributes ``_seams`` patches, and nothing else."""
