@@ -74,6 +74,11 @@ class SeamWatch(importlib.abc.MetaPathFinder):
         self.disarmed = False
         self._lock = threading.Lock()
         self._warned = False
+        if hasattr(os, "register_at_fork"):  # another thread may hold the lock at a fork
+            os.register_at_fork(after_in_child=self._after_fork)
+
+    def _after_fork(self) -> None:
+        self._lock = threading.Lock()
 
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
         if fullname not in SEAM_MODULES or self.disarmed:
