@@ -45,13 +45,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._errors import CacheDBError
-from ._autoload import SEAM_MODULES, spec_from_others
+from ._autoload import spec_from_others
 from ._cpp_cache import wrap_build, wrap_worker_compile_cpp
 from ._store import LazyLocalCache, LiveStore
 
 log = logging.getLogger("cachedb.live")
 
-#: The seam modules (see the table above), named as in :data:`SEAM_MODULES`.
+#: The seam modules (see the table above), named as in :data:`cachedb.live._autoload.SEAM_MODULES`.
 CODECACHE, AOT_CACHE, AUTOTUNE_CACHE, CPP_BUILDER = (
     "torch._inductor.codecache", "torch._functorch._aot_autograd.autograd_cache",
     "torch._inductor.runtime.autotune_cache", "torch._inductor.cpp_builder",
@@ -451,9 +451,9 @@ def _autotune_seams() -> list[_Patch]:
 
 
 def module_patches(name: str, store: LiveStore, *, retune: bool = False) -> list[_Patch]:
-    """The patches of one of :data:`SEAM_MODULES` (``name``, imported and complete): what
-    :func:`build` patches in it. Raises :class:`SeamMissingError` if a seam is missing.
-    ``retune``: keep torch's own ``recheck_autotune_cache`` (re-measure stored winners)."""
+    """The patches of seam module ``name`` (one of :data:`cachedb.live._autoload.SEAM_MODULES`,
+    imported and complete): what :func:`build` patches in it. Raises :class:`SeamMissingError`
+    if a seam is missing. ``retune``: keep torch's own ``recheck_autotune_cache`` (re-measure stored winners)."""
     if name == CODECACHE:
         return (_guarded_seams(store, _require(CODECACHE, "FxGraphCache"), "fxgraph")
                 + _local_cache_seams(store) + _worker_compile_cpp_seam())
