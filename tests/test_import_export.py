@@ -129,8 +129,9 @@ def test_bad_files_are_reported_and_the_rest_imports(
     truncated = victim.parent / sha256_hash(cut)
     truncated.write_bytes(cut)
     # A renamed (or bit-flipped) entry: its name is not the hash of its bytes.
-    renamed = files["aotautograd"][0]
-    renamed.rename(renamed.parent / ("x" + renamed.name[1:]))
+    original = files["aotautograd"][0]
+    renamed = original.parent / (("y" if original.name[0] == "x" else "x") + original.name[1:])
+    original.rename(renamed)  # another first character: the old "x" + name[1:] was a no-op 1 time in 32
     # Malformed JSON.
     bad_json = files["best_config"][0]
     bad_json.write_text('{"XBLOCK": 512, "num_warps"')
@@ -145,7 +146,7 @@ def test_bad_files_are_reported_and_the_rest_imports(
     rel = lambda p: p.relative_to(cache_dir).as_posix()  # noqa: E731
     assert set(reasons) == {
         rel(truncated),
-        rel(renamed.parent / ("x" + renamed.name[1:])),
+        rel(renamed),
         rel(bad_json),
         f"cache/{'0' * 64}",
         "fxgraph/stray.txt",
