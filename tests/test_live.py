@@ -336,17 +336,13 @@ def test_environment_variable_activates_child_processes(tmp_path: Path) -> None:
     assert lines[1].split() == ["True", str(tmp_path / "env.db")]
     assert lines[2].split() == ["True", "cachedb.live._seams"]
     assert out.stderr == ""
-    env = child_environment(str(tmp_path / "env.db"), base={k: v for k, v in os.environ.items()
-                                                             if not k.startswith("CACHEDB_")})
-    no_torch = "import sys, cachedb; print('torch' in sys.modules, cachedb.is_installed())"
-    out = subprocess.run([sys.executable, "-c", no_torch], capture_output=True, text=True, env=env, check=True)
+    out = _env_child(tmp_path, "import sys, cachedb; print('torch' in sys.modules, cachedb.is_installed())")
     assert out.stdout.split() == ["False", "False"], "nothing is imported until the process imports torch"
     # Python processes a compile starts that never import torch (Inductor's CPU ISA probe)
     # do not pay for importing cachedb and SQLAlchemy either
-    bare = "import sys; print(sorted(m for m in ('cachedb', 'sqlalchemy', 'torch') if m in sys.modules))"
-    out = subprocess.run([sys.executable, "-c", bare], capture_output=True, text=True, env=env, check=True)
+    out = _env_child(tmp_path, "import sys; print(sorted(m for m in ('cachedb', 'sqlalchemy', 'torch') if m in sys.modules))")
     assert out.stdout.strip() == "[]" and out.stderr == ""
-    with_remote = child_environment(str(tmp_path / "env.db"), base=env, remote="postgresql+psycopg://h/db")
+    with_remote = child_environment(str(tmp_path / "env.db"), base={}, remote="postgresql+psycopg://h/db")
     assert with_remote["CACHEDB_REMOTE_URL"] == "postgresql+psycopg://h/db"
 
 

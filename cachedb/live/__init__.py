@@ -21,7 +21,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from types import ModuleType
+from dataclasses import dataclass
 from typing import Any
 
 from .._engine import default_location, to_url
@@ -134,40 +134,58 @@ def install(
     the installed torch (or Triton) lacks a seam (nothing is patched then). A database that
     cannot be opened does not raise: it logs one warning and every lookup is a miss.
     """
-    global _active
     _disarm_watch()  # an explicit install replaces the environment's deferred activation
-    location = os.fspath(path) if path is not None else default_location()
-    if "://" not in location:
-        location = str(Path(location).expanduser().resolve())
-    if timeout_s is None:
-        timeout_s = float(os.environ.get(ENV_TIMEOUT) or DEFAULT_LIVE_TIMEOUT_S)
+    settings = _Settings.resolve(path, timeout_s, retune, remote, remote_timeout_s)
     try:
         import torch  # noqa: F401
     except ImportError as exc:
         raise TorchUnavailableError(f"cachedb.install needs torch: {exc}") from exc
     _setup_trace_log()
-    if remote is None:
-        remote = os.environ.get(ENV_REMOTE_URL) or None
     with _lock:
         if _active is not None:
             active_remote = _active[0].remote.url if _active[0].remote is not None else None
-            if _active[0].location == location and active_remote == remote and _deferred is None:
+            if _active[0].location == settings.location and active_remote == settings.remote and _deferred is None:
                 return _active[0]
             uninstall()
-        if retune is None:
-            retune = os.environ.get(ENV_RETUNE) == "1"
-        if remote_timeout_s is None:
-            remote_timeout_s = float(os.environ.get(ENV_REMOTE_TIMEOUT) or DEFAULT_REMOTE_TIMEOUT_S)
-        tier = RemoteTier(remote, timeout_s=remote_timeout_s) if remote else None
-        store = LiveStore(location, timeout_s=timeout_s, trust=trust, remote=tier)
-        patches = _seams.build(store, retune=retune)
+        store = settings.store(trust=trust)
+        patches = _seams.build(store, retune=settings.retune)
         _seams.apply(patches)
-        _start(store, patches, remote, remote_timeout_s, has_triton=_seams.triton_available())
+        _start(store, patches, settings, has_triton=_seams.triton_available())
         return store
 
 
-def _start(store: LiveStore, patches: list[_seams._Patch], remote: str | None, remote_timeout_s: float,
-           *, has_triton: bool) -> None:
+@dataclass(frozen=True)
+class _Settings:
+    """What ``install`` runs with: its arguments, each defaulting to the environment."""
+
+    location: str
+    timeout_s: float
+    retune: bool
+    remote: str | None
+    remote_timeout_s: float
+
+    @classmethod
+    def resolve(cls, path: str | os.PathLike[str] | None = None, timeout_s: float | None = None,
+                retune: bool | None = None, remote: str | None = None,
+                remote_timeout_s: float | None = None) -> _Settings:
+        location = os.fspath(path) if path is not None else default_location()
+        if "://" not in location:
+            location = str(Path(location).expanduser().resolve())
+        return cls(
+            location=location,
+            timeout_s=timeout_s if timeout_s is not None else float(os.environ.get(ENV_TIMEOUT) or DEFAULT_LIVE_TIMEOUT_S),
+            retune=retune if retune is not None else os.environ.get(ENV_RETUNE) == "1",
+            remote=remote if remote is not None else os.environ.get(ENV_REMOTE_URL) or None,
+            remote_timeout_s=(remote_timeout_s if remote_timeout_s is not None
+                              else float(os.environ.get(ENV_REMOTE_TIMEOUT) or DEFAULT_REMOTE_TIMEOUT_S)),
+        )
+
+    def store(self, *, trust: bool = False) -> LiveStore:
+        tier = RemoteTier(self.remote, timeout_s=self.remote_timeout_s) if self.remote else None
+        return LiveStore(self.location, timeout_s=self.timeout_s, trust=trust, remote=tier)
+
+
+def _start(store: LiveStore, patches: list[_seams._Patch], settings: _Settings, *, has_triton: bool) -> None:
     """Make ``store`` (with ``patches`` applied) the active one: the environment for child
     processes, the exit hook, the database opened. Called with ``_lock`` held."""
     global _active
@@ -176,7 +194,8 @@ def _start(store: LiveStore, patches: list[_seams._Patch], remote: str | None, r
         for k in ("CACHEDB_PATH", "CACHEDB_URL", ENV_ENABLE, "PYTHONPATH", ENV_TRITON_MANAGER,
                   ENV_TORCH_PYTHONPATH, ENV_REMOTE_URL, ENV_REMOTE_TIMEOUT)
     }
-    child = child_environment(store.location, remote=remote, remote_timeout_s=remote_timeout_s if remote else None)
+    remote = settings.remote
+    child = child_environment(store.location, remote=remote, remote_timeout_s=settings.remote_timeout_s if remote else None)
     if not remote:
         child.pop(ENV_REMOTE_URL, None)
         child.pop(ENV_REMOTE_TIMEOUT, None)
@@ -230,18 +249,11 @@ def _activate_deferred(watch: Any) -> None:
     """Open the store from the environment and patch every seam module that is imported
     and complete (the others are patched as they complete). Called with ``_lock`` held."""
     global _deferred
-    location = default_location()
-    if "://" not in location:
-        location = str(Path(location).expanduser().resolve())
+    settings = _Settings.resolve()
     _setup_trace_log()
-    remote = os.environ.get(ENV_REMOTE_URL) or None
-    remote_timeout_s = float(os.environ.get(ENV_REMOTE_TIMEOUT) or DEFAULT_REMOTE_TIMEOUT_S)
-    store = LiveStore(
-        location, timeout_s=float(os.environ.get(ENV_TIMEOUT) or DEFAULT_LIVE_TIMEOUT_S),
-        remote=RemoteTier(remote, timeout_s=remote_timeout_s) if remote else None,
-    )
-    _deferred = _Deferred(watch, retune=os.environ.get(ENV_RETUNE) == "1")
-    _start(store, [], remote, remote_timeout_s, has_triton="triton" in sys.modules)
+    store = settings.store()
+    _deferred = _Deferred(watch, retune=settings.retune)
+    _start(store, [], settings, has_triton="triton" in sys.modules)
     executing = watch.executing()
     for name in _autoload.SEAM_MODULES:
         if name in sys.modules and name not in executing:
@@ -264,7 +276,7 @@ def _patch_deferred(name: str) -> None:
     _active[1].extend(patches)
 
 
-def _on_seam_module(name: str, module: ModuleType, watch: Any) -> None:
+def _on_seam_module(name: str, watch: Any) -> None:
     """SeamWatch's callback: seam module ``name`` has just finished importing. Raises
     :class:`SeamMissingError` (cachedb is then not active in this process)."""
     with _lock:

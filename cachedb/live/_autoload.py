@@ -61,7 +61,8 @@ class SeamWatch(importlib.abc.MetaPathFinder):
     """A ``sys.meta_path`` finder that runs cachedb's activation right after each of
     :data:`SEAM_MODULES` is executed by its own loader (found by the other finders).
 
-    ``in_flight``: the seam modules being executed now (their patches wait for the end);
+    ``in_flight``: the seam modules whose code or whose callback is running now (their
+    patches are made by that callback, nobody else);
     ``disarmed``: set by ``cachedb.install``/``uninstall``, after which it does nothing.
     """
 
@@ -95,7 +96,7 @@ class SeamWatch(importlib.abc.MetaPathFinder):
                 self.in_flight.add(fullname)
             try:
                 exec_module(module)
-                self._loaded(fullname, module)
+                self._loaded(fullname)
             finally:
                 with self._lock:
                     self.in_flight.discard(fullname)
@@ -108,13 +109,13 @@ class SeamWatch(importlib.abc.MetaPathFinder):
         with self._lock:
             return frozenset(self.in_flight)
 
-    def _loaded(self, name: str, module: ModuleType) -> None:
+    def _loaded(self, name: str) -> None:
         if self.disarmed:
             return
         try:
             from cachedb.live import _on_seam_module
 
-            _on_seam_module(name, module, self)
+            _on_seam_module(name, self)
         except Exception as exc:  # never break the user's import
             if not self._warned:
                 self._warned = True
