@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from sqlalchemy import Connection, DateTime, Select, Table, and_, bindparam, func, insert, tuple_
-from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.sql import Insert
 
 UTC = dt.timezone.utc
 
@@ -34,6 +34,21 @@ _cursor_names = itertools.count()
 _NOTHING = object()
 #: PostgreSQL integer type OIDs (int2, int4, int8) and the bound of their values: -b <= v < b.
 _PG_INT_LIMITS = {21: 2**15, 23: 2**31, 20: 2**63}
+
+
+def dialect_insert(dialect: str) -> Callable[[Table], Insert] | None:
+    """The ``insert()`` of ``dialect`` (``"sqlite"`` or ``"postgresql"``) that has ``ON CONFLICT``
+    clauses, imported on first use (PostgreSQL's dialect package costs ~20 ms to import, which a
+    process on SQLite does not pay); ``None`` for any other dialect."""
+    if dialect == "sqlite":
+        from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+        return sqlite_insert  # type: ignore[no-any-return]
+    if dialect == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+        return pg_insert  # type: ignore[no-any-return]
+    return None
 
 
 def _psycopg(conn: Connection) -> bool:
@@ -196,6 +211,8 @@ def matching(conn: Connection, stmt: Select[Any], t: Table, columns: Sequence[st
     if conn.dialect.name != "postgresql":
         return stmt.where(tuple_(*cols).in_(list(keys)))
     names = [f"k{i}" for i in range(len(cols))]
+    from sqlalchemy.dialects.postgresql import ARRAY  # only here: PostgreSQL connections
+
     arrays = [bindparam(n, [k[i] for k in keys], type_=ARRAY(c.type)) for i, (n, c) in enumerate(zip(names, cols))]
     v = func.unnest(*arrays).table_valued(*names).render_derived(name="batch_keys")
     return stmt.join(v, and_(*(c == v.c[n] for n, c in zip(names, cols))))

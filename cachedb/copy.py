@@ -107,7 +107,7 @@ from ._engine import SQLITE_HEADER, WRITE_OPTION, create_cachedb_engine, sqlite_
 from ._errors import CacheDBError, CopyError, DatabaseOpenError
 from ._signing import Signer
 from .db import CacheDB
-from .models import AUTOTUNE_TIMINGS, Base
+from .models import AUTOTUNE_TIMINGS, NATURAL_KEY_COLUMNS, NEWEST_WINS_COMPARED, Base
 from .repositories import timings as timings_repo
 
 #: Tables in copy order (parents before children).
@@ -679,7 +679,7 @@ class _Transfer:
         """Insert the rows whose natural key DST lacks (DST's rows are kept). DST's keys are
         read for the batch's values of :data:`_NARROW` (the leading columns of an index)."""
         t = _T[table]
-        key_cols = [t.c[name] for name in _NATURAL_COLUMNS[table]]
+        key_cols = [t.c[name] for name in NATURAL_KEY_COLUMNS[table]]
         narrow = _NARROW[table]
         stamps = [i for i, c in enumerate(key_cols) if isinstance(c.type, DateTime)]
         for batch in self._batches(table):
@@ -725,7 +725,7 @@ class _Transfer:
                 have: dict[tuple, Any] = {}
                 seen: set[tuple] = set()  # added by this batch: a later duplicate is skipped
                 values = list({tuple([m[k] for k in key]) for m, _ in mapped})
-                cols = [t.c.id, *(t.c[k] for k in key), t.c.updated_at, *(t.c[c] for c in _SAME_COLUMNS[table])]
+                cols = [t.c.id, *(t.c[k] for k in key), t.c.updated_at, *(t.c[c] for c in NEWEST_WINS_COMPARED[table])]
                 for start in range(0, len(values), _KEYS_PER_QUERY):
                     for row in w.execute(_matching(w, select(*cols), t, key, values[start:start + _KEYS_PER_QUERY])).all():
                         have[tuple(row[1:1 + len(key)])] = row
@@ -860,12 +860,6 @@ class _Transfer:
         self.done[0] += n
 
 
-#: Natural-key columns of the tables :meth:`_Transfer._keyed` handles.
-_NATURAL_COLUMNS = {
-    "kernel_artifacts": ("kind", "host_key", "key", "name"),
-    "guarded_entries": ("kind", "key", "variant"),
-    "quarantined_entries": ("kind", "key", "variant", "checksum", "quarantined_at"),
-}
 #: The columns of each table :meth:`_Transfer._keyed` handles whose values in a batch select (a
 #: superset of) the DST rows its natural keys could match: an index's leading columns (the
 #: small ``quarantined_entries`` has none).
@@ -874,13 +868,11 @@ _NARROW = {
     "guarded_entries": ("kind", "key"),
     "quarantined_entries": ("kind", "key"),
 }
-#: Columns compared to tell whether a newest-wins row changed.
-_SAME_COLUMNS = {"local_cache_values": ("value_json",), "best_configs": ("content",)}
 
 
 def _natural(table: str) -> Callable[[dict[str, Any]], tuple]:
     """The natural key of a row whose timestamps are already UTC (:meth:`_Source.fill`)."""
-    return operator.itemgetter(*_NATURAL_COLUMNS[table])
+    return operator.itemgetter(*NATURAL_KEY_COLUMNS[table])
 
 
 # --------------------------------------------------------------------------- entry points

@@ -61,6 +61,16 @@ NAMING_CONVENTION = {
 #: Kinds of guarded entries, named after their directory under ``cache_dir()``.
 GUARDED_KINDS = ("fxgraph", "aotautograd")
 
+#: Natural-key columns of the tables that ``cachedb copy`` / merge and the remote tier match by
+#: key rather than by a newest-wins row (:mod:`cachedb.copy`, :mod:`cachedb.tier_sync`).
+NATURAL_KEY_COLUMNS = {
+    "kernel_artifacts": ("kind", "host_key", "key", "name"),
+    "guarded_entries": ("kind", "key", "variant"),
+    "quarantined_entries": ("kind", "key", "variant", "checksum", "quarantined_at"),
+}
+#: Columns compared to tell whether a newest-wins row (the same key on both sides) changed.
+NEWEST_WINS_COMPARED = {"local_cache_values": ("value_json",), "best_configs": ("content",)}
+
 
 def utcnow() -> dt.datetime:
     """The current time, timezone-aware UTC (the value every timestamp column gets)."""

@@ -31,8 +31,7 @@ from sqlalchemy import Connection, Select, insert, select, update
 
 from ._bulk import bulk_insert
 from ._bulk import utc as _utc
-from .copy import _NATURAL_COLUMNS, _SAME_COLUMNS
-from .models import AUTOTUNE_TIMINGS, Base
+from .models import AUTOTUNE_TIMINGS, NATURAL_KEY_COLUMNS, NEWEST_WINS_COMPARED, Base
 from .repositories import timings as timings_repo
 from .repositories.timings import next_position
 
@@ -225,7 +224,7 @@ def _blob_ids(conn: Connection, bundle: Bundle) -> dict[str, int]:
 
 
 def _natural(table: str, row: dict[str, Any]) -> tuple[Any, ...]:
-    return tuple(_utc(row[c]) for c in _NATURAL_COLUMNS[table])
+    return tuple(_utc(row[c]) for c in NATURAL_KEY_COLUMNS[table])
 
 
 def store(conn: Connection, bundle: Bundle) -> int:
@@ -263,9 +262,9 @@ def store(conn: Connection, bundle: Bundle) -> int:
         rows = kept
     if table == "autotune_timings":
         return _insert_timings(conn, rows)
-    if table in _NATURAL_COLUMNS:
+    if table in NATURAL_KEY_COLUMNS:
         return _insert_new(conn, bundle.entry, table, rows)
-    if table in _SAME_COLUMNS:
+    if table in NEWEST_WINS_COMPARED:
         return _newest_wins(conn, table, rows)
     return _cutlass(conn, bundle, rows)
 
@@ -280,7 +279,7 @@ def _insert_new(conn: Connection, entry: Entry, table: str, rows: list[dict[str,
     """Rows of a table keyed by its natural key (guarded entries, kernel files) that DST lacks:
     one query per 500 of the bundle's keys."""
     t = _T[table]
-    key_cols = [t.c[c] for c in _NATURAL_COLUMNS[table]]
+    key_cols = [t.c[c] for c in NATURAL_KEY_COLUMNS[table]]
     values = sorted({r["key"] for r in rows})
     have: set[tuple[Any, ...]] = set()
     for start in range(0, len(values), 500):
@@ -300,7 +299,7 @@ def _insert_new(conn: Connection, entry: Entry, table: str, rows: list[dict[str,
 def _newest_wins(conn: Connection, table: str, rows: list[dict[str, Any]]) -> int:
     t = _T[table]
     key = ("fingerprint_id", "key_path") if table == "local_cache_values" else ("key",)
-    same = _SAME_COLUMNS[table]
+    same = NEWEST_WINS_COMPARED[table]
     changed = 0
     new: list[dict[str, Any]] = []
     narrow = key[-1]  # one query for the bundle's rows: its key paths / best-config keys

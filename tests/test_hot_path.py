@@ -229,7 +229,7 @@ def test_hot_write_upserts_one_best_config(db: CacheDB) -> None:
     with db.transaction() as repos:
         fp_id = repos.fingerprints.ensure(current_fingerprint())
         repos.best_configs.put("ab/orm.best_config", '{"num_warps": 2}', fingerprint_id=fp_id)
-    upsert = best_configs_repo.UPSERT_BY_DIALECT[db.engine.dialect.name]
+    upsert = best_configs_repo.upsert_for(db.engine.dialect.name)
 
     def params(key: str, content: str, fp: int | None) -> dict:  # type: ignore[type-arg]
         columns = best_configs_repo.prepare_columns(db.signer, key, content)
@@ -275,7 +275,7 @@ def test_hot_write_waits_for_the_lock_and_fails_clean(tmp_path: Path) -> None:
     store.best_config_put("ab/queued.best_config", CONFIG)
     assert store.best_config_get("ab/queued.best_config") == CONFIG
     holder.execute("BEGIN IMMEDIATE")
-    upsert = best_configs_repo.UPSERT_BY_DIALECT["sqlite"]
+    upsert = best_configs_repo.upsert_for("sqlite")
     columns = best_configs_repo.prepare_columns(None, "ab/locked.best_config", CONFIG.decode())
     with pytest.raises(HotWriteError, match="locked"):
         store.db.kept.write(upsert, best_configs_repo.upsert_params("ab/locked.best_config", CONFIG.decode(), columns, None))
@@ -379,7 +379,7 @@ def test_a_refused_hot_write_rolls_back_and_frees_the_lock(db: CacheDB) -> None:
     next hot write and another connection's write both go through (SQLite and PostgreSQL)."""
     from cachedb._engine import HotWriteError
 
-    upsert = best_configs_repo.UPSERT_BY_DIALECT[db.engine.dialect.name]
+    upsert = best_configs_repo.upsert_for(db.engine.dialect.name)
     content = CONFIG.decode()
     good = best_configs_repo.upsert_params(
         "ab/ok.best_config", content, best_configs_repo.prepare_columns(None, "ab/ok.best_config", content), None
@@ -417,7 +417,7 @@ def test_hot_paths_reopen_after_sqlalchemy_dropped_the_lent_connection(db: Cache
     columns = best_configs_repo.prepare_columns(db.signer, "cd/k.best_config", CONFIG.decode())
     with db.transaction() as repos:
         fp_id = repos.fingerprints.ensure(current_fingerprint())
-    upsert = best_configs_repo.UPSERT_BY_DIALECT[db.engine.dialect.name]
+    upsert = best_configs_repo.upsert_for(db.engine.dialect.name)
     assert db.kept.write(upsert, best_configs_repo.upsert_params("cd/k.best_config", CONFIG.decode(), columns, fp_id)) == 1
     with db.read() as repos:
         assert repos.best_configs.get("cd/k.best_config") == CONFIG.decode()

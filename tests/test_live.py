@@ -304,7 +304,7 @@ def test_installed_restores_seams_and_environment(tmp_path: Path) -> None:
     assert {k: os.environ.get(k) for k in env_before} == env_before
 
 
-def _env_child(tmp_path: Path, code: str, db: str = "env.db") -> subprocess.CompletedProcess[str]:
+def _env_child(tmp_path: Path, code: str, db: str = "env.db", *, check: bool = True) -> subprocess.CompletedProcess[str]:
     """``python -c code`` under the environment ``cachedb run`` gives its program."""
     from cachedb.live import child_environment
 
@@ -312,7 +312,7 @@ def _env_child(tmp_path: Path, code: str, db: str = "env.db") -> subprocess.Comp
                                                        if not k.startswith("CACHEDB_")})
     env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path / "ind")
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          env=env, check=True, timeout=300)
+                          env=env, check=check, timeout=300)
 
 
 def test_environment_variable_activates_child_processes(tmp_path: Path) -> None:
@@ -344,6 +344,33 @@ def test_environment_variable_activates_child_processes(tmp_path: Path) -> None:
     assert out.stdout.strip() == "[]" and out.stderr == ""
     with_remote = child_environment(str(tmp_path / "env.db"), base={}, remote="postgresql+psycopg://h/db")
     assert with_remote["CACHEDB_REMOTE_URL"] == "postgresql+psycopg://h/db"
+
+
+def test_a_process_on_sqlite_imports_no_postgresql_nor_copy_machinery(tmp_path: Path) -> None:
+    """What every compiling process imports: the live store on an SQLite file, through its
+    hot-path writes and reads (FX graph put and get, best config put and get), loads neither
+    SQLAlchemy's PostgreSQL dialect nor ``cachedb copy``'s machinery (~30 ms of a ~0.4 s
+    ``import cachedb``); a PostgreSQL URL still gets its statements (tests/test_hot_path.py).
+    The database exists, at head, as on any start but the first (creating one runs Alembic,
+    which imports every dialect it supports)."""
+    from cachedb import CacheDB
+
+    CacheDB(tmp_path / "env.db").close()
+    out = _env_child(tmp_path, """
+        import os, sys, pickle, torch
+        from torch._inductor.codecache import FxGraphCache
+        from torch._inductor.remote_cache import LocalAutotuneCache
+        import cachedb
+        assert cachedb.is_installed()
+        FxGraphCache._write_to_local_cache("fabcdefgh", pickle.dumps({"x": 1}))
+        print(len(list(FxGraphCache.iterate_over_candidates(True, None, "fabcdefgh"))))
+        cache = LocalAutotuneCache("test")
+        path = os.path.join(os.environ["TORCHINDUCTOR_CACHE_DIR"], "ab", "k.best_config")
+        cache.put(path, {"XBLOCK": 8, "num_warps": 2})
+        print(cache.get(path)["XBLOCK"])
+        print(sorted(m for m in ("sqlalchemy.dialects.postgresql", "cachedb.copy", "psycopg") if m in sys.modules))
+    """, check=False)
+    assert out.stdout.split("\n")[:3] == ["1", "8", "[]"], out.stdout + out.stderr
 
 
 def test_deferred_activation_patches_every_seam_module_once(tmp_path: Path) -> None:

@@ -241,7 +241,7 @@ class LiveStore:
             prepared = guarded_repo.prepare_pickled(
                 kind, key, content, signer=db.signer, fingerprint_id=fp_id, own=True
             )
-            insert_new = guarded_repo.INSERT_NEW_BY_DIALECT.get(db.engine.dialect.name)
+            insert_new = guarded_repo.insert_new_for(db.engine.dialect.name)
             if fp_id is None:  # first write of this process: records its fingerprint (ORM)
                 with db.transaction() as repos:
                     prepared.row["fingerprint_id"] = self._fingerprint_id(repos)
@@ -417,7 +417,7 @@ class LiveStore:
             content = data.decode("utf-8")
             columns = best_configs_repo.prepare_columns(db.signer, key, content)  # before BEGIN IMMEDIATE
             fp_id = self._known_fingerprint_id()
-            upsert = best_configs_repo.UPSERT_BY_DIALECT.get(db.engine.dialect.name)
+            upsert = best_configs_repo.upsert_for(db.engine.dialect.name)
             if fp_id is None or upsert is None:  # first write of this process: records its fingerprint (ORM)
                 with db.transaction() as repos:
                     fp_id = self._fingerprint_id(repos)

@@ -18,6 +18,7 @@ from typing import Any
 from sqlalchemy import bindparam, delete, exists, func, insert, select, update
 from sqlalchemy.orm import Session
 
+from .._bulk import dialect_insert
 from .._errors import CorruptBlobError, CorruptPayloadError
 from .._payload import pack, unpack
 from ..models import ARTIFACT_KINDS, KernelArtifact, KernelBlob, QuarantinedEntry, utcnow
@@ -72,16 +73,8 @@ def _dialect_insert(session: Any, table: Any) -> Any:
     """``INSERT ... ON CONFLICT DO NOTHING`` for SQLite and PostgreSQL (concurrent writers may
     add the same blob or file first; the first one wins, the others change nothing)."""
     bind = session if hasattr(session, "dialect") else session.get_bind()
-    name = bind.dialect.name
-    if name == "postgresql":
-        from sqlalchemy.dialects import postgresql
-
-        return postgresql.insert(table).on_conflict_do_nothing()
-    if name == "sqlite":
-        from sqlalchemy.dialects import sqlite
-
-        return sqlite.insert(table).on_conflict_do_nothing()
-    return insert(table)
+    make = dialect_insert(bind.dialect.name)
+    return insert(table) if make is None else make(table).on_conflict_do_nothing()
 
 
 class KernelArtifactRepository:

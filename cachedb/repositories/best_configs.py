@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 from sqlalchemy import Connection, bindparam, insert, select, update
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.sql import Insert
 from sqlalchemy.orm import Session
 
-from .._bulk import bulk_insert
+from .._bulk import bulk_insert, dialect_insert
 from .._engine import holds_write_lock
 from .._errors import BadInputError, CorruptPayloadError
 from .._signing import Signer
@@ -48,10 +47,15 @@ def _upsert(make: Any) -> Insert:
     )
 
 
-#: Hot path: store (or replace) one best config in one statement, ``INSERT ... ON CONFLICT
-#: (key) DO UPDATE ... WHERE content differs`` (SQLite >= 3.24 and PostgreSQL): no read inside
-#: the write transaction. Binds: :data:`_UPSERT_COLUMNS` (:func:`upsert_params`).
-UPSERT_BY_DIALECT: dict[str, Insert] = {"sqlite": _upsert(sqlite_insert), "postgresql": _upsert(pg_insert)}
+@functools.cache
+def upsert_for(dialect: str) -> Insert | None:
+    """Hot path: store (or replace) one best config in one statement, ``INSERT ... ON CONFLICT
+    (key) DO UPDATE ... WHERE content differs`` (SQLite >= 3.24 and PostgreSQL): no read inside
+    the write transaction. Binds: :data:`_UPSERT_COLUMNS` (:func:`upsert_params`). ``None``
+    for another dialect. Built on first use per dialect (importing PostgreSQL's dialect costs
+    a process that only uses SQLite ~20 ms)."""
+    make = dialect_insert(dialect)
+    return None if make is None else _upsert(make)
 
 #: Keys of a best config that are not Triton ``Config.kwargs``
 #: (``AutotuneCache._save``, torch/_inductor/runtime/autotune_cache.py).
@@ -119,7 +123,7 @@ def prepare_columns(signer: Signer | None, key: str, content: str) -> dict[str, 
 
 
 def upsert_params(key: str, content: str, columns: dict[str, Any], fingerprint_id: int | None) -> dict[str, Any]:
-    """The binds of :data:`UPSERT_BY_DIALECT` for the best config ``content`` at ``key``;
+    """The binds of :func:`upsert_for` for the best config ``content`` at ``key``;
     ``columns``: :func:`prepare_columns` of them."""
     now = utcnow()
     return {"key": key, "content": content, "fingerprint_id": fingerprint_id, "created_at": now,

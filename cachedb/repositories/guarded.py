@@ -2,23 +2,18 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import functools
 import hashlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import Connection, bindparam, func, insert, select, update
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy import Connection, bindparam, delete, func, insert, select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 from sqlalchemy.sql import Insert
 
-import datetime as dt
-
-from sqlalchemy import delete
-from sqlalchemy.exc import IntegrityError
-
-from .._bulk import bulk_insert
+from .._bulk import bulk_insert, dialect_insert
 from .._engine import holds_write_lock
 from .._errors import CorruptPayloadError
 from .._payload import pack, unpack
@@ -55,10 +50,14 @@ def _insert_new(make: Callable[..., Insert]) -> Insert:
     return stmt.on_conflict_do_nothing(index_elements=[_G.c.kind, _G.c.key, _G.c.variant])  # type: ignore[no-any-return]
 
 
-#: Hot path: store one variant unless that (kind, key, variant) is stored already, in one
-#: statement (``INSERT ... ON CONFLICT DO NOTHING``, SQLite >= 3.24 and PostgreSQL): no
-#: existence check inside the write transaction. Binds: :func:`insert_params`.
-INSERT_NEW_BY_DIALECT: dict[str, Insert] = {"sqlite": _insert_new(sqlite_insert), "postgresql": _insert_new(pg_insert)}
+@functools.cache
+def insert_new_for(dialect: str) -> Insert | None:
+    """Hot path: store one variant unless that (kind, key, variant) is stored already, in one
+    statement (``INSERT ... ON CONFLICT DO NOTHING``, SQLite >= 3.24 and PostgreSQL): no
+    existence check inside the write transaction. Binds: :func:`insert_params`. ``None`` for
+    another dialect; built on first use per dialect."""
+    make = dialect_insert(dialect)
+    return None if make is None else _insert_new(make)
 _HIT = (
     update(_G)
     .where(_G.c.kind == bindparam("k_kind"), _G.c.key == bindparam("k_key"), _G.c.variant == bindparam("k_variant"))
@@ -149,7 +148,7 @@ def prepare_pickled(
 
 
 def insert_params(prepared: PreparedVariant) -> dict[str, object]:
-    """The binds of :data:`INSERT_NEW_BY_DIALECT` for ``prepared`` (written now)."""
+    """The binds of :func:`insert_new_for` for ``prepared`` (written now)."""
     now = utcnow()
     return {**prepared.row, "created_at": now, "last_used_at": now}
 
