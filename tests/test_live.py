@@ -442,6 +442,39 @@ def test_spawn_dataloader_workers_do_not_import_cachedb(tmp_path: Path) -> None:
     assert lines == ["sum 28.0", "worker 0 []", "worker 1 []"], out.stdout + out.stderr
 
 
+def test_fork_while_another_thread_holds_the_seam_watch_lock(tmp_path: Path) -> None:
+    """A process forked while another of its threads holds the watch's lock (a thread
+    importing a seam module at that moment): the child, where that thread does not exist,
+    still activates cachedb when it imports a seam module, instead of waiting on the lock for
+    ever. Real fork, real import of Inductor in the child."""
+    out = _env_child(tmp_path, """
+        import os, sys, threading, torch
+        watch = next(f for f in sys.meta_path if getattr(f, "cachedb_seam_watch", False))
+        assert "cachedb" not in sys.modules
+        held, done = threading.Event(), threading.Event()
+        def hold():
+            with watch._lock:
+                held.set()
+                done.wait(60)
+        threading.Thread(target=hold, daemon=True).start()
+        held.wait()
+        pid = os.fork()
+        if pid == 0:
+            import signal
+            signal.alarm(60)  # a child that waits on the lock dies here (the parent sees -14)
+            try:
+                import torch._inductor.codecache  # a seam module: activates cachedb here
+                import cachedb
+                os.write(1, f"child {cachedb.is_installed()} {sorted(watch.executing())}\\n".encode())
+            finally:
+                os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        done.set()
+        print("parent", os.waitstatus_to_exitcode(status))
+    """, check=False)
+    assert out.stdout.split("\n")[:2] == ["child True []", "parent 0"], out.stdout + out.stderr[-3000:]
+
+
 def test_seam_modules_are_the_modules_install_patches() -> None:
     """The watch's list (stdlib-only, read before cachedb is imported) names every module
     whose attributes ``_seams`` patches, and nothing else."""
