@@ -21,12 +21,19 @@ torch = pytest.importorskip("torch")
 ROOT = Path(__file__).resolve().parents[1]
 BUILDER = ROOT / "examples" / "build_cache.py"
 CACHE_KINDS = ("fxgraph", "aotautograd", "cache")
+#: The ``TMPDIR`` of the :func:`warm_db` runs: the machine that compiled, then a fresh one.
+MACHINES = ("machine-a-tmp", "machine-b-tmp")
 
 
-def _cachedb_run(db: Path, cache_dir: Path) -> dict:
-    """``cachedb --db DB run -- python examples/build_cache.py CACHE_DIR --json``."""
+def _cachedb_run(db: Path, cache_dir: Path, machine_tmp: Path | None = None) -> dict:
+    """``cachedb --db DB run -- python examples/build_cache.py CACHE_DIR --json``;
+    ``machine_tmp``: the process's ``TMPDIR``, where torch keeps what lives outside the cache
+    directory (``default_cache_dir()``: the C++ precompiled headers), as on its own machine."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("CACHEDB_")}
     env["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir)
+    if machine_tmp is not None:
+        machine_tmp.mkdir(parents=True, exist_ok=True)
+        env["TMPDIR"] = str(machine_tmp)
     proc = subprocess.run(
         [sys.executable, "-m", "cachedb", "--db", str(db), "run", "--",
          sys.executable, str(BUILDER), str(cache_dir), "--json"],
@@ -45,12 +52,13 @@ def _leftovers(cache_dir: Path) -> list[str]:
 @pytest.fixture(scope="module")
 def warm_db(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, dict]:
     """A DB filled by one ``cachedb run`` of the workloads, then a second run on a new,
-    empty cache dir. Returns (db path, cold summary, warm summary)."""
+    empty cache dir and temporary directory (a fresh machine, :data:`MACHINES`). Returns
+    (db path, cold summary, warm summary)."""
     root = tmp_path_factory.mktemp("live")
     db = root / "cache.db"
-    cold = _cachedb_run(db, root / "cold")
+    cold = _cachedb_run(db, root / "cold", root / MACHINES[0])
     assert _leftovers(root / "cold") == []
-    warm = _cachedb_run(db, root / "warm")
+    warm = _cachedb_run(db, root / "warm", root / MACHINES[1])
     assert _leftovers(root / "warm") == []
     return db, cold, warm
 
@@ -92,6 +100,24 @@ def test_fresh_process_on_a_new_cache_dir_is_served_from_the_db(warm_db: tuple[P
     assert not any(k.startswith("benchmarking.") for k in c)
     best = warm["workloads"]["best_config"]
     assert best["read_before_save"] == {"kwargs": {"XBLOCK": 512}, "num_warps": 2}
+
+
+@pytest.mark.slow
+def test_fresh_machine_builds_no_precompiled_header(warm_db: tuple[Path, dict, dict]) -> None:
+    """Inductor precompiles ``cpp_prefix.h`` (a ~150 MB ``.gch`` outside the cache directory,
+    seconds of g++) before it looks for a CPU kernel library. The cold run compiled libraries,
+    so it built the header first, as torch does; the warm run on a fresh machine got every
+    library from the database and built none (the header's ``.h`` is written, no ``.gch``)."""
+    db_path, _, warm = warm_db
+    root = db_path.parent
+
+    def headers(machine: str) -> list[str]:
+        found = (root / machine).glob("torchinductor_*/precompiled_headers/*.h*")
+        return sorted(p.suffix for p in found)
+
+    assert headers(MACHINES[0]) == [".gch", ".h"]
+    assert headers(MACHINES[1]) == [".h"]
+    assert all(w["ok"] for w in warm["workloads"].values())
 
 
 def _run_python(code: str, env_extra: dict[str, str], timeout: int = 600) -> subprocess.CompletedProcess[str]:
