@@ -24,8 +24,13 @@ The compared figure is the compile time of the first calls (``first_call_s``: th
 workload's first call); process wall time is reported beside it. Also measured: the stored
 bytes of kernel blobs against the Triton directory and the ``.so`` files they came from, and
 the time to fill one Triton key directory from the database (on CPU, with real SM90 kernels
-that Triton compiles without a GPU). C++ precompiled headers live outside
-``TORCHINDUCTOR_CACHE_DIR`` (torch/_inductor/codecache.py), so every case finds them warm.
+that Triton compiles without a GPU).
+
+Machines: torch keeps some state outside ``TORCHINDUCTOR_CACHE_DIR``, in
+``default_cache_dir()`` under the temporary directory: the C++ precompiled headers (~150 MB,
+``_precompile_header`` in torch/_inductor/codecache.py). Every sample but warm local runs with a
+new empty ``TMPDIR``, as on a fresh machine; warm local runs with the first cold run's
+``TMPDIR``, on the machine that filled its directory.
 """
 
 from __future__ import annotations
@@ -50,8 +55,11 @@ TITLE = "Warm start with real torch.compile (fresh process per sample)"
 
 
 
-def _sample(mode: str, cache_dir: Path, models: str, device: str = "cpu", **opts: str) -> dict[str, Any]:
-    """Run one ``benchmarks._warm_child`` process; returns its JSON report."""
+def _sample(mode: str, cache_dir: Path, models: str, device: str = "cpu", machine_tmp: Path | None = None,
+            **opts: str) -> dict[str, Any]:
+    """Run one ``benchmarks._warm_child`` process; returns its JSON report. ``machine_tmp``:
+    its ``TMPDIR``, the machine-wide state torch keeps outside the cache directory
+    (``default_cache_dir()``: C++ precompiled headers); a new empty one is a fresh machine."""
     cmd = [sys.executable, "-m", "benchmarks._warm_child", mode, "--cache-dir", str(cache_dir), "--models", models,
            "--device", device]
     for key, value in opts.items():
@@ -60,6 +68,8 @@ def _sample(mode: str, cache_dir: Path, models: str, device: str = "cpu", **opts
     if device == "cpu":
         env["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
     env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    if machine_tmp is not None:
+        env["TMPDIR"] = str(machine_tmp)
     t0 = time.time()
     proc = subprocess.run(cmd + ["--t0", repr(t0)], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
                           timeout=900, check=False)
@@ -187,14 +197,16 @@ def run(ctx: Context) -> SectionResult:
         ctx.log(f"warm start: {case}: first calls {report['first_call_s']:.1f}s, wall {report['wall_s']:.1f}s "
                 f"(C++ builds {report['cpp_build_s']:.1f}s)")
 
-    def sample(mode: str, d: Path, **opts: str) -> dict[str, Any]:
-        return _sample(mode, d, models, ctx.device, **opts)
+    def sample(mode: str, d: Path, machine: Path | None = None, **opts: str) -> dict[str, Any]:
+        # every sample but warm local runs on a fresh machine (a new TMPDIR)
+        return _sample(mode, d, models, ctx.device, machine or ctx.tmpdir("machine"), **opts)
 
     mega = ctx.tmpdir("mega") / "artifacts.bin"
     first_cold: Path | None = None
+    machine_a = ctx.tmpdir("machine-a")  # the first cold run's machine: warm local runs there
     for i in range(n_cold):
         d = ctx.tmpdir("cold") / "inductor"
-        add("cold", sample("files", d, **({"save_mega": str(mega)} if i == 0 else {})))
+        add("cold", sample("files", d, machine_a if i == 0 else None, **({"save_mega": str(mega)} if i == 0 else {})))
         first_cold = first_cold or d
     assert first_cold is not None
     ctx.shared["real_cache_dir"] = first_cold
@@ -214,7 +226,7 @@ def run(ctx: Context) -> SectionResult:
         order = cases[r % len(cases):] + cases[: r % len(cases)]  # rotate: drift hits all alike
         for case in order:
             if case == "warm local" and r < n_warm:
-                add(case, sample("files", first_cold))
+                add(case, sample("files", first_cold, machine_a))
             elif case == "warm Mega-Cache" and r < n_warm:
                 add(case, sample("mega", ctx.tmpdir("megarun") / "inductor", mega=str(mega)))
             elif case == "warm cachedb (imported DB)" and r < n_warm:
