@@ -372,6 +372,20 @@ def test_environment_variable_activates_child_processes(tmp_path: Path) -> None:
     assert with_remote["CACHEDB_REMOTE_URL"] == "postgresql+psycopg://h/db"
 
 
+def test_bootstrap_imports_nothing_start_up_has_not(tmp_path: Path) -> None:
+    """Every Python process started under cachedb runs the bootstrap, Inductor's ISA probes
+    (one interpreter per ISA on every compiling process) included: it adds no module to what
+    the interpreter imports anyway but ``sitecustomize`` (``logging``, ``threading``, ``typing`` and
+    ``importlib.abc`` cost such a process ~20 ms, 2x a bare ``python -c pass``)."""
+    code = "import sys; print(' '.join(sorted(sys.modules)))"
+    plain = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60,
+                           env={k: v for k, v in os.environ.items() if not k.startswith("CACHEDB_")})
+    under = _env_child(tmp_path, code)
+    added = set(under.stdout.split()) - set(plain.stdout.split())
+    assert added <= {"sitecustomize"}, added  # the hook itself is loaded by path, not as a module
+    assert under.stderr == ""
+
+
 def test_a_process_on_sqlite_imports_no_postgresql_nor_copy_machinery(tmp_path: Path) -> None:
     """What every compiling process imports: the live store on an SQLite file, through its
     hot-path writes and reads (FX graph put and get, best config put and get), loads neither

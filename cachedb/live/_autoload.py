@@ -20,16 +20,27 @@ import).
 
 from __future__ import annotations
 
-import importlib.abc
+# Every Python process started under cachedb runs this module, including the short ones Inductor
+# spawns (its CPU ISA probe starts one per ISA on each compiling process): it imports only what
+# interpreter start-up has imported already (``_thread``, ``os``, ``sys``; ``importlib.machinery``
+# with site-packages), ~1 ms in all. ``logging``, ``threading``, ``typing`` and
+# ``importlib.abc`` cost ~15 ms more per process; the finders below are duck-typed
+# (``sys.meta_path`` asks only for ``find_spec``).
+import _thread
 import importlib.machinery
-import logging
 import os
 import sys
-import threading
-from types import ModuleType
-from typing import Any
 
-log = logging.getLogger("cachedb.live")
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from types import ModuleType
+    from typing import Any
+
+
+def _warn(message: str, *args: object) -> None:
+    import logging
+
+    logging.getLogger("cachedb.live").warning(message, *args)
 
 #: The torch modules whose attributes cachedb patches (:mod:`cachedb.live._seams`), in the order
 #: torch 2.13 finishes importing them for a first ``torch.compile``: the C++ builder (imported
@@ -54,10 +65,10 @@ def _install_from_environment() -> None:
     try:
         install()  # location from CACHEDB_URL / CACHEDB_PATH
     except Exception as exc:  # a wrong torch must not break the program
-        log.warning("cachedb: not activated in process %d (%s): %s", os.getpid(), " ".join(sys.argv)[:200], exc)
+        _warn("cachedb: not activated in process %d (%s): %s", os.getpid(), " ".join(sys.argv)[:200], exc)
 
 
-class SeamWatch(importlib.abc.MetaPathFinder):
+class SeamWatch:
     """A ``sys.meta_path`` finder that runs cachedb's activation right after each of
     :data:`SEAM_MODULES` is executed by its own loader (found by the other finders).
 
@@ -73,13 +84,13 @@ class SeamWatch(importlib.abc.MetaPathFinder):
     def __init__(self) -> None:
         self.in_flight: set[str] = set()
         self.disarmed = False
-        self._lock = threading.Lock()
+        self._lock = _thread.allocate_lock()
         self._warned = False
         if hasattr(os, "register_at_fork"):  # another thread may hold the lock at a fork
             os.register_at_fork(after_in_child=self._after_fork)
 
     def _after_fork(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = _thread.allocate_lock()
 
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
         if fullname not in SEAM_MODULES or self.disarmed:
@@ -119,7 +130,7 @@ class SeamWatch(importlib.abc.MetaPathFinder):
         except Exception as exc:  # never break the user's import
             if not self._warned:
                 self._warned = True
-                log.warning("cachedb: not activated in process %d (%s): %s", os.getpid(),
+                _warn("cachedb: not activated in process %d (%s): %s", os.getpid(),
                             " ".join(sys.argv)[:200], exc)
 
     def disarm(self) -> None:
@@ -154,7 +165,7 @@ def _watch_seams() -> None:
         sys.meta_path.insert(0, SeamWatch())
 
 
-class _AfterTorchImport(importlib.abc.MetaPathFinder):
+class _AfterTorchImport:
     """Wraps the loader of the top-level ``torch`` package to arm :class:`SeamWatch` after it ran."""
 
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
