@@ -131,7 +131,7 @@ class SeamWatch:
             if not self._warned:
                 self._warned = True
                 _warn("cachedb: not activated in process %d (%s): %s", os.getpid(),
-                            " ".join(sys.argv)[:200], exc)
+                      " ".join(sys.argv)[:200], exc)
 
     def disarm(self) -> None:
         self.disarmed = True
