@@ -25,7 +25,7 @@ CACHE_KINDS = ("fxgraph", "aotautograd", "cache")
 MACHINES = ("machine-a-tmp", "machine-b-tmp")
 
 
-def _cachedb_run(db: Path, cache_dir: Path, machine_tmp: Path | None = None) -> dict:
+def _cachedb_run(db: Path, cache_dir: Path, machine_tmp: Path | None = None, **env_extra: str) -> dict:
     """``cachedb --db DB run -- python examples/build_cache.py CACHE_DIR --json``;
     ``machine_tmp``: the process's ``TMPDIR``, where torch keeps what lives outside the cache
     directory (``default_cache_dir()``: the C++ precompiled headers), as on its own machine."""
@@ -34,6 +34,7 @@ def _cachedb_run(db: Path, cache_dir: Path, machine_tmp: Path | None = None) -> 
     if machine_tmp is not None:
         machine_tmp.mkdir(parents=True, exist_ok=True)
         env["TMPDIR"] = str(machine_tmp)
+    env.update(env_extra)
     proc = subprocess.run(
         [sys.executable, "-m", "cachedb", "--db", str(db), "run", "--",
          sys.executable, str(BUILDER), str(cache_dir), "--json"],
@@ -118,6 +119,26 @@ def test_fresh_machine_builds_no_precompiled_header(warm_db: tuple[Path, dict, d
     assert headers(MACHINES[0]) == [".gch", ".h"]
     assert headers(MACHINES[1]) == [".h"]
     assert all(w["ok"] for w in warm["workloads"].values())
+
+
+@pytest.mark.slow
+def test_precompiled_header_with_a_compile_thread_pool(tmp_path: Path) -> None:
+    """The same with two compile threads (C++ libraries built in Inductor's thread pool, each
+    waiting for the header the first one builds): the cold run builds the header and its
+    workloads are right; the warm run on a fresh machine builds none and is right too."""
+    db = tmp_path / "threads.db"
+    threads = {"TORCHINDUCTOR_COMPILE_THREADS": "2"}
+    cold = _cachedb_run(db, tmp_path / "cold", tmp_path / "machine-c", **threads)
+    warm = _cachedb_run(db, tmp_path / "warm", tmp_path / "machine-d", **threads)
+    for summary in (cold, warm):
+        assert all(w["ok"] for w in summary["workloads"].values())
+
+    def headers(machine: str) -> list[str]:
+        return sorted(p.suffix for p in (tmp_path / machine).glob("torchinductor_*/precompiled_headers/*.h*"))
+
+    assert headers("machine-c") == [".gch", ".h"]
+    assert headers("machine-d") == [".h"]
+    assert warm["counters"]["fxgraph_cache_hit"] == 5
 
 
 def _run_python(code: str, env_extra: dict[str, str], timeout: int = 600) -> subprocess.CompletedProcess[str]:
