@@ -72,14 +72,12 @@ def _store_and_key(target: str) -> tuple[Any, str, str, str, str] | None:
     return (store, host, *parts)
 
 
-#: Precompiled-header builds put off in this process: ``{.gch path: (lock path, builders)}``,
-#: the arguments of the ``_worker_compile_cpp`` call that ``_precompile_header`` made.
-_PENDING_HEADERS: dict[str, tuple[str, tuple[Any, ...]]] = {}
+#: Precompiled-header builds put off in this process: ``{.gch path: (torch's
+#: _worker_compile_cpp, lock path, builders)}``, the call ``_precompile_header`` made.
+_PENDING_HEADERS: dict[str, tuple[Callable[..., Any], str, tuple[Any, ...]]] = {}
 #: Held while pending headers are built: a compile in another thread waits for the header its
 #: command line includes instead of reading it half-written.
 _HEADERS_LOCK = threading.RLock()
-#: Whether this process has put off any header (then every compile goes through the lock).
-_deferred_any = False
 #: Targets whose compile includes a precompiled header (libraries and object files).
 _COMPILED = (".so", ".o")
 
@@ -99,13 +97,13 @@ def _is_precompiled_header(target: str) -> bool:
     return target.endswith((".h.gch", ".h.pch")) and os.path.basename(os.path.dirname(target)) == "precompiled_headers"
 
 
-def build_pending_headers(worker_compile_cpp: Callable[..., Any]) -> None:
-    """Build every precompiled header put off in this process, with torch's
-    ``_worker_compile_cpp`` (its file lock; it skips one that exists). Raises what that build
-    raises (as ``_precompile_header`` would have)."""
+def _build_pending_headers() -> None:
+    """Before a compile: build every precompiled header put off in this process, with torch's
+    ``_worker_compile_cpp`` (its file lock; it skips one that exists), or wait for the thread
+    building them. Raises what that build raises (as ``_precompile_header`` would have)."""
     with _HEADERS_LOCK:
         while _PENDING_HEADERS:
-            target, (lock_path, builders) = _PENDING_HEADERS.popitem()
+            target, (worker_compile_cpp, lock_path, builders) = _PENDING_HEADERS.popitem()
             log.debug("building the precompiled header %s put off until now", target)
             worker_compile_cpp(lock_path, builders)
 
@@ -118,10 +116,8 @@ def wrap_worker_compile_cpp(original: Callable[..., Any]) -> Callable[..., Any]:
         if os.path.exists(target):
             return None
         if _is_precompiled_header(target) and _artifacts.current() is not None:
-            global _deferred_any
             with _HEADERS_LOCK:
-                _PENDING_HEADERS.setdefault(target, (lock_path, tuple(cpp_builders)))
-                _deferred_any = True
+                _PENDING_HEADERS.setdefault(target, (original, lock_path, tuple(cpp_builders)))
             return None
         found = _store_and_key(target)
         if found is not None:
@@ -129,7 +125,7 @@ def wrap_worker_compile_cpp(original: Callable[..., Any]) -> Callable[..., Any]:
             if store.materialize_file(KIND, key, name, directory, host_key=host) and os.path.exists(target):
                 return None
         if target.endswith(_COMPILED):
-            build_pending_headers(original)
+            _build_pending_headers()
         return original(lock_path, cpp_builders)  # its .so build goes through wrap_build
 
     _worker_compile_cpp.__wrapped__ = original  # type: ignore[attr-defined]
@@ -144,15 +140,14 @@ def wrap_build(original: Callable[..., Any]) -> Callable[..., Any]:
         target = self.get_target_file_path()
         found = _store_and_key(target)
         if found is None:
-            if _deferred_any and target.endswith(_COMPILED):
-                build_pending_headers(_torch_worker_compile_cpp())
+            if target.endswith(_COMPILED):
+                _build_pending_headers()
             return original(self)
         store, host, directory, key, name = found
         if not os.path.exists(target) and store.materialize_file(KIND, key, name, directory, host_key=host):
             if os.path.exists(target):
                 return None
-        if _deferred_any:
-            build_pending_headers(_torch_worker_compile_cpp())
+        _build_pending_headers()
         result = original(self)
 
         def read() -> bytes:
@@ -165,11 +160,3 @@ def wrap_build(original: Callable[..., Any]) -> Callable[..., Any]:
         return result
 
     return build
-
-
-def _torch_worker_compile_cpp() -> Callable[..., Any]:
-    """torch's own ``codecache._worker_compile_cpp`` (under cachedb's replacement, if any)."""
-    from torch._inductor import codecache
-
-    worker = codecache._worker_compile_cpp
-    return getattr(worker, "__wrapped__", worker)  # type: ignore[no-any-return]
