@@ -103,41 +103,34 @@ def test_fresh_process_on_a_new_cache_dir_is_served_from_the_db(warm_db: tuple[P
     assert best["read_before_save"] == {"kwargs": {"XBLOCK": 512}, "num_warps": 2}
 
 
+def _precompiled_headers(machine_tmp: Path) -> list[str]:
+    """Suffixes of the files in ``machine_tmp``'s ``torchinductor_*/precompiled_headers``."""
+    return sorted(p.suffix for p in machine_tmp.glob("torchinductor_*/precompiled_headers/*.h*"))
+
+
 @pytest.mark.slow
 def test_fresh_machine_builds_no_precompiled_header(warm_db: tuple[Path, dict, dict]) -> None:
     """Inductor precompiles ``cpp_prefix.h`` (a ~150 MB ``.gch`` outside the cache directory,
     seconds of g++) before it looks for a CPU kernel library. The cold run compiled libraries,
     so it built the header first, as torch does; the warm run on a fresh machine got every
-    library from the database and built none (the header's ``.h`` is written, no ``.gch``)."""
-    db_path, _, warm = warm_db
-    root = db_path.parent
-
-    def headers(machine: str) -> list[str]:
-        found = (root / machine).glob("torchinductor_*/precompiled_headers/*.h*")
-        return sorted(p.suffix for p in found)
-
-    assert headers(MACHINES[0]) == [".gch", ".h"]
-    assert headers(MACHINES[1]) == [".h"]
-    assert all(w["ok"] for w in warm["workloads"].values())
+    library from the database and built none (the header's ``.h`` is written, no ``.gch``).
+    Both runs' workloads gave the right results (``_cachedb_run`` checks the exit status)."""
+    root = warm_db[0].parent
+    assert _precompiled_headers(root / MACHINES[0]) == [".gch", ".h"]
+    assert _precompiled_headers(root / MACHINES[1]) == [".h"]
 
 
 @pytest.mark.slow
 def test_precompiled_header_with_a_compile_thread_pool(tmp_path: Path) -> None:
     """The same with two compile threads (C++ libraries built in Inductor's thread pool, each
-    waiting for the header the first one builds): the cold run builds the header and its
-    workloads are right; the warm run on a fresh machine builds none and is right too."""
+    waiting for the header the first one builds): the cold run builds the header, the warm run
+    on a fresh machine builds none and hits every FX graph; both give the right results."""
     db = tmp_path / "threads.db"
     threads = {"TORCHINDUCTOR_COMPILE_THREADS": "2"}
-    cold = _cachedb_run(db, tmp_path / "cold", tmp_path / "machine-c", **threads)
+    _cachedb_run(db, tmp_path / "cold", tmp_path / "machine-c", **threads)
     warm = _cachedb_run(db, tmp_path / "warm", tmp_path / "machine-d", **threads)
-    for summary in (cold, warm):
-        assert all(w["ok"] for w in summary["workloads"].values())
-
-    def headers(machine: str) -> list[str]:
-        return sorted(p.suffix for p in (tmp_path / machine).glob("torchinductor_*/precompiled_headers/*.h*"))
-
-    assert headers("machine-c") == [".gch", ".h"]
-    assert headers("machine-d") == [".h"]
+    assert _precompiled_headers(tmp_path / "machine-c") == [".gch", ".h"]
+    assert _precompiled_headers(tmp_path / "machine-d") == [".h"]
     assert warm["counters"]["fxgraph_cache_hit"] == 5
 
 
