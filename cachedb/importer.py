@@ -29,7 +29,8 @@ import os
 import re
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -39,7 +40,10 @@ from .cutlass_ops import infer_arch, parse_op_list
 from .db import CacheDB, Repos
 from ._signing import Signer
 from .fingerprint import Fingerprint
-from ._pickle_scan import read_entry_fields
+from ._import_pool import default_workers, map_in_workers
+from ._own_pickle import read_own_entry_fields
+from ._payload import pack
+from ._pickle_scan import EntryFields, read_entry_fields
 from .keys import sha256_digest_name
 from .repositories.best_configs import prepare_columns
 from .repositories.guarded import ScannedPayload
@@ -56,6 +60,10 @@ _CUTLASS_FILE = re.compile(r"configs_([0-9a-zA-Z]+)\.json")
 #: Files written per transaction: bounds memory and lock time on large imports.
 _BATCH_FILES = 256
 _BATCH_BYTES = 256 << 20
+#: Guarded entry files from which an import checks them in worker processes
+#: (:mod:`cachedb._import_pool`); fewer are checked in-process (starting workers costs more).
+_POOL_MIN_FILES = 1024
+_GUARDED_KINDS = ("fxgraph", "aotautograd")
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,9 +220,12 @@ def scan(cache_dir: Path) -> tuple[list[_Item], list[Problem], int]:
     return items, problems, ignored
 
 
-def _check_guarded(item: _Item, data: bytes) -> Problem | ScannedPayload:
+def _check_guarded(
+    item: _Item, data: bytes, reader: Callable[..., EntryFields] = read_entry_fields
+) -> Problem | ScannedPayload:
     """A guarded entry file ready to store, or why it cannot be imported: its name must be
-    ``sha256_hash`` of its bytes (as Inductor names it) and its pickle must scan. The SHA-256
+    ``sha256_hash`` of its bytes (as Inductor names it) and its pickle must scan (``reader``:
+    the opcode walk, or in a worker process the C reader that falls back to it). The SHA-256
     and the scan are done once here; the repository reuses them."""
     parts = item.rel.split("/")
     digest = hashlib.sha256(data).digest()
@@ -224,7 +235,7 @@ def _check_guarded(item: _Item, data: bytes) -> Problem | ScannedPayload:
     if len(parts[-2]) > 128:
         return Problem(item.rel, "key longer than 128 characters")
     try:
-        fields = read_entry_fields(data, where=item.rel)
+        fields = reader(data, where=item.rel)
         for text in (fields.guards_expr, fields.reason):
             if text is not None:
                 text.encode("utf-8")
@@ -236,6 +247,36 @@ def _check_guarded(item: _Item, data: bytes) -> Problem | ScannedPayload:
         if reason is None:
             raise
         return Problem(item.rel, reason)
+
+
+def _check_guarded_files(items: Sequence[_Item], *, contained: bool) -> list[tuple[int, Problem | ScannedPayload]]:
+    """Read and check guarded entry files (:func:`_check_guarded`): per file, the bytes read
+    and the entry or why it cannot be imported.
+
+    ``contained``: this runs in a disposable worker process (:mod:`cachedb._import_pool`), so
+    pickles are read by the C unpickler over inert stand-ins (:func:`cachedb._own_pickle.
+    read_own_entry_fields`, the same fields as the opcode walk, several times faster; a file
+    that crashes or hangs it takes down the worker, not the import) and payloads are
+    compressed here (:attr:`ScannedPayload.packed`). Otherwise the opcode walk reads them and
+    the repository compresses only the entries it adds."""
+    out: list[tuple[int, Problem | ScannedPayload]] = []
+    reader = read_own_entry_fields if contained else read_entry_fields
+    for item in items:
+        try:
+            data = _read(item.full, item.size)
+        except OSError as exc:
+            out.append((0, Problem(item.rel, f"cannot read: {exc}")))
+            continue
+        try:
+            item.rel.encode("utf-8")
+        except UnicodeEncodeError:
+            out.append((len(data), Problem(item.rel, "file name is not valid UTF-8")))
+            continue
+        checked = _check_guarded(item, data, reader)
+        if contained and isinstance(checked, ScannedPayload):
+            checked = replace(checked, packed=pack(data, digest=checked.digest))
+        out.append((len(data), checked))
+    return out
 
 
 def _check_best_config(item: _Item, data: bytes, signer: Signer | None) -> Problem | tuple[str, str, dict[str, Any]]:
@@ -300,15 +341,22 @@ class Importer:
     process's, :func:`cachedb.fingerprint.current`, for a directory written on this machine
     by this torch); by default guarded entries and best configs carry none, and timings carry
     the system description found in their own file.
+
+    ``workers``: processes that read, check and compress guarded entry files while this one
+    writes (:mod:`cachedb._import_pool`; forked, Linux only); default
+    :func:`~cachedb._import_pool.default_workers` (the usable CPUs, at most 4) for imports of
+    1,024 guarded files or more, none for fewer; 0 = all in this process.
     """
 
     def __init__(
-        self, db: CacheDB, *, fingerprint: Fingerprint | None = None, host_key: str | None = None
+        self, db: CacheDB, *, fingerprint: Fingerprint | None = None, host_key: str | None = None,
+        workers: int | None = None,
     ) -> None:
         self.db = db
         self.fingerprint = fingerprint
         #: the host key C++ libraries are stored under ("" = unknown host: never served)
         self.host_key = host_key or ""
+        self.workers = workers
 
     def run(
         self, cache_dir: str | os.PathLike[str], *, progress: Callable[[int, int], None] | None = None
@@ -318,35 +366,56 @@ class Importer:
         items, problems, ignored = scan(root)
         report = ImportReport(problems=problems, ignored_files=ignored)
         total = sum(i.size for i in items)
-        done = 0
+        batches: list[list[_Item]] = []
         batch: list[_Item] = []
         batch_bytes = 0
         for item in items:
             batch.append(item)
             batch_bytes += item.size
             if len(batch) >= _BATCH_FILES or batch_bytes >= _BATCH_BYTES or item.kind == "cutlass":
-                done += self._import_batch(batch, report)
+                batches.append(batch)
                 batch, batch_bytes = [], 0
-                if progress:
-                    progress(done, total)
         if batch:
-            done += self._import_batch(batch, report)
+            batches.append(batch)
+        guarded = [[i for i in b if i.kind in _GUARDED_KINDS] for b in batches]
+        workers = self.workers
+        if workers is None:
+            workers = default_workers() if sum(map(len, guarded)) >= _POOL_MIN_FILES else 0
+        checked = map_in_workers(
+            partial(_check_guarded_files, contained=True), partial(_check_guarded_files, contained=False),
+            guarded, workers=workers,
+        )
+        done = 0
+        for batch, checked_guarded in zip(batches, checked):
+            done += self._import_batch(batch, checked_guarded, report)
             if progress:
                 progress(done, total)
         return report
 
-    def _import_batch(self, batch: list[_Item], report: ImportReport) -> int:
-        """One transaction per batch. Guarded entries (name = ``sha256_hash`` of the bytes,
-        pickle scannable) and best configs (UTF-8 JSON objects) are checked before the
-        transaction, then written in bulk (:meth:`_store`); the other files go one by one, each
-        in a savepoint so a bad one leaves the rest. Returns the bytes the batch's files hold
-        (from their stat)."""
+    def _import_batch(
+        self, batch: list[_Item], checked_guarded: list[tuple[int, Problem | ScannedPayload]], report: ImportReport
+    ) -> int:
+        """One transaction per batch. Guarded entries come checked (:func:`_check_guarded_files`:
+        name = ``sha256_hash`` of the bytes, pickle scannable), best configs (UTF-8 JSON
+        objects) are checked before the transaction; both are written in bulk (:meth:`_store`);
+        the other files go one by one, each in a savepoint so a bad one leaves the rest.
+        Returns the bytes the batch's files hold (from their stat)."""
         guarded: list[tuple[_Item, ScannedPayload]] = []
         best: list[tuple[_Item, tuple[str, str, dict[str, Any]]]] = []
         others: list[tuple[_Item, bytes]] = []
         kernels: dict[tuple[str, str], list[tuple[str, bytes]]] = {}
         signer = self.db.signer
+        guarded_items = [item for item in batch if item.kind in _GUARDED_KINDS]
+        for item, (nbytes, scanned) in zip(guarded_items, checked_guarded, strict=True):
+            report.bytes_read += nbytes
+            if isinstance(scanned, Problem):
+                report.problems.append(scanned)
+            else:
+                guarded.append((item, scanned))
         for item in batch:
+            kind = item.kind
+            if kind in _GUARDED_KINDS:
+                continue
             try:
                 data = _read(item.full, item.size)
             except OSError as exc:
@@ -358,14 +427,7 @@ class Importer:
             except UnicodeEncodeError:
                 report.problems.append(Problem(item.rel, "file name is not valid UTF-8"))
                 continue
-            kind = item.kind
-            if kind == "fxgraph" or kind == "aotautograd":
-                scanned = _check_guarded(item, data)
-                if isinstance(scanned, Problem):
-                    report.problems.append(scanned)
-                else:
-                    guarded.append((item, scanned))
-            elif kind == "best_config":
+            if kind == "best_config":
                 config = _check_best_config(item, data, signer)
                 if isinstance(config, Problem):
                     report.problems.append(config)

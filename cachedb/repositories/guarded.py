@@ -16,7 +16,7 @@ from sqlalchemy.sql import Insert
 from .._bulk import bulk_insert, dialect_insert
 from .._engine import holds_write_lock
 from .._errors import CorruptPayloadError
-from .._payload import pack, unpack
+from .._payload import Packed, pack, unpack
 from .._own_pickle import read_own_entry_fields
 from .._pickle_scan import EntryFields, read_entry_fields
 from .._signing import Signer
@@ -99,7 +99,8 @@ class ScannedPayload:
     """A pickled entry as a bulk import holds it after checking it, so that storing it hashes
     and scans nothing again: ``digest`` is ``hashlib.sha256(payload).digest()`` (32 bytes),
     ``variant`` is ``sha256_digest_name(digest)`` (the entry's file name), ``fields`` are
-    :func:`cachedb._pickle_scan.read_entry_fields` of ``payload``."""
+    :func:`cachedb._pickle_scan.read_entry_fields` of ``payload``; ``packed``, when the
+    checker already compressed it, is ``pack(payload, digest=digest)``."""
 
     kind: str
     key: str
@@ -107,6 +108,7 @@ class ScannedPayload:
     digest: bytes
     variant: str
     fields: EntryFields
+    packed: Packed | None = None
 
 
 def prepare_pickled(
@@ -231,12 +233,14 @@ class GuardedEntryRepository:
         for entry in entries:
             _check_kind(entry.kind)
         keys = sorted({entry.key for entry in entries})
+        kinds = sorted({entry.kind for entry in entries})
         existing: set[tuple[str, str, str]] = set()
         for start in range(0, len(keys), 500):
             chunk = keys[start:start + 500]
+            # kind and key: a search of the (kind, key, variant) index, not a scan of all of it
             existing.update(
                 (k, key, v) for k, key, v in self.session.execute(
-                    select(_G.c.kind, _G.c.key, _G.c.variant).where(_G.c.key.in_(chunk))
+                    select(_G.c.kind, _G.c.key, _G.c.variant).where(_G.c.kind.in_(kinds), _G.c.key.in_(chunk))
                 )
             )
         rows, added, now = [], [], utcnow()
@@ -247,7 +251,7 @@ class GuardedEntryRepository:
                 added.append(False)
                 continue
             existing.add((kind, key, variant))
-            packed = pack(entry.payload, digest=entry.digest)
+            packed = entry.packed or pack(entry.payload, digest=entry.digest)
             rows.append({
                 "kind": kind, "key": key, "variant": variant,
                 "guards_expr": fields.guards_expr, "guards_known": fields.guards_known,

@@ -1,0 +1,119 @@
+"""Import with worker processes (cachedb/_import_pool.py): guarded entry files read, checked
+and compressed in forked workers store exactly what an in-process import stores, on a real
+Inductor cache; a hostile pickle that crashes or hangs the workers' C reader costs the import
+its workers, never an entry."""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import shutil
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+
+import cachedb._import_pool as import_pool
+from cachedb import CacheDB
+from cachedb.importer import ImportReport, Importer
+from cachedb.keys import sha256_hash
+
+_COLUMNS = "kind, key, variant, guards_expr, guards_known, guards_note, time_taken_ns, size_bytes, checksum"
+
+
+def _stored(db: CacheDB) -> list[tuple]:
+    """Every guarded entry's columns and its decompressed, verified payload."""
+    with db.read() as repos:
+        rows = repos.session.execute(text(f"SELECT {_COLUMNS} FROM guarded_entries ORDER BY kind, key, variant")).all()
+        payloads = [v.payload for v in repos.guarded.iter_all()]
+    return [(*(bool(c) if i == 4 else c for i, c in enumerate(row)), p) for row, p in zip(rows, payloads, strict=True)]
+
+
+def _import(db: CacheDB, cache_dir: Path, workers: int) -> tuple[ImportReport, int]:
+    """The report, and the most worker processes alive at once (seen after each batch)."""
+    seen = [0]
+
+    def progress(done: int, total: int) -> None:
+        seen[0] = max(seen[0], len(multiprocessing.active_children()))
+
+    return Importer(db, workers=workers).run(cache_dir, progress=progress), seen[0]
+
+
+def _same_import(cache_dir: Path, db: CacheDB, tmp_path: Path) -> tuple[ImportReport, int]:
+    """Import ``cache_dir`` into ``db`` with two workers and into a new SQLite file with none;
+    both must report and store the same."""
+    with_workers, workers_seen = _import(db, cache_dir, workers=2)
+    reference = CacheDB(tmp_path / "in_process.db")
+    try:
+        in_process, none_seen = _import(reference, cache_dir, workers=0)
+        assert none_seen == 0
+        assert with_workers.added == in_process.added
+        assert with_workers.unchanged == in_process.unchanged
+        assert with_workers.problems == in_process.problems
+        assert with_workers.bytes_read == in_process.bytes_read
+        assert _stored(db) == _stored(reference)
+    finally:
+        reference.close()
+    return with_workers, workers_seen
+
+
+def _with_entry(real: Path, tmp_path: Path, data: bytes) -> Path:
+    """A copy of the real cache with one more FX graph entry file, named as Inductor names it."""
+    cache_dir = tmp_path / "cache"
+    shutil.copytree(real, cache_dir)
+    key = "f" + "ab" * 25
+    path = cache_dir / "fxgraph" / key[1:3] / key / sha256_hash(data)
+    path.parent.mkdir(parents=True)
+    path.write_bytes(data)
+    return cache_dir
+
+
+def _deep_tuple_key(depth: int) -> bytes:
+    """A pickle of ``{(((),),...): None}`` nested ``depth`` deep: hashing the key recurses
+    ``depth`` levels in C (the C unpickler overflows its stack); the opcode walk builds nothing."""
+    return b"\x80\x04}" + b")" + b"\x85" * depth + b"Ns."
+
+
+def _shared_tuple_key(depth: int) -> bytes:
+    """A pickle of ``{t: None}`` where ``t = (u, u)``, ``u = (v, v)``, ... ``depth`` levels
+    through the memo: hashing it takes 2**depth steps."""
+    ops = b"\x80\x04}" + b")\x940"
+    for i in range(depth):
+        ops += b"h" + bytes([i]) + b"h" + bytes([i]) + b"\x86\x940"
+    return ops + b"h" + bytes([depth]) + b"Ns."
+
+
+@pytest.mark.slow
+def test_workers_store_what_an_in_process_import_stores(
+    real_cache: tuple[Path, dict], db: CacheDB, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    cache_dir, _ = real_cache
+    with caplog.at_level(logging.WARNING, logger="cachedb"):
+        report, workers_seen = _same_import(cache_dir, db, tmp_path)
+    assert workers_seen == 2
+    assert report.problems == [] and report.added["fxgraph"] > 0 and report.added["aotautograd"] > 0
+    assert not [r for r in caplog.records if "worker process failed" in r.getMessage()]
+    again, _ = _import(db, cache_dir, workers=2)  # re-import: nothing added, all unchanged
+    assert sum(again.added.values()) == 0 and again.unchanged == report.added
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("hostile", ["crash", "stall"])
+def test_a_pickle_that_breaks_a_worker_costs_no_entry(
+    real_cache: tuple[Path, dict], sqlite_db: CacheDB, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch, hostile: str,
+) -> None:
+    data = _deep_tuple_key(1_000_000) if hostile == "crash" else _shared_tuple_key(64)
+    if hostile == "stall":
+        monkeypatch.setattr(import_pool, "STALL_LIMIT_S", 1.0)
+    cache_dir = _with_entry(real_cache[0], tmp_path, data)
+    with caplog.at_level(logging.WARNING, logger="cachedb"):
+        report, _ = _same_import(cache_dir, sqlite_db, tmp_path)
+    failures = [r for r in caplog.records if "worker process failed" in r.getMessage()]
+    assert len(failures) == 1, failures  # the worker read it (one batch: no worker is left to see)
+    assert report.problems == []
+    stored = {row[2]: row for row in _stored(sqlite_db)}
+    hostile_row = stored[sha256_hash(data)]
+    assert hostile_row[4] is False and "not a cache entry object" in hostile_row[5]  # guards unknown, and why
+    assert hostile_row[-1] == data
+    assert report.added["fxgraph"] == len(list((cache_dir / "fxgraph").glob("*/*/*")))
