@@ -22,7 +22,7 @@ import itertools
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from sqlalchemy import Connection, DateTime, Select, Table, and_, bindparam, func, insert, tuple_
+from sqlalchemy import Connection, DateTime, Select, Table, and_, bindparam, column, func, insert, tuple_, values
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql import Insert
 
@@ -204,13 +204,21 @@ def _bulk_insert(conn: Connection, table: Table, rows: Sequence[dict[str, Any]],
 def matching(conn: Connection, stmt: Select[Any], t: Table, columns: Sequence[str],
              keys: Sequence[tuple[Any, ...]]) -> Select[Any]:
     """``stmt`` (a SELECT from ``t``) narrowed to the rows whose ``columns`` (none of them
-    nullable) equal one of ``keys``: on PostgreSQL a join with ``unnest`` of one array per
-    column (one parameter each, planned as an index lookup per key; a row-value ``IN`` list
-    is not), elsewhere a row-value ``IN``."""
+    nullable) equal one of ``keys``, each key an index lookup: on PostgreSQL a join with
+    ``unnest`` of one array per column (one parameter each), on SQLite a join with a ``VALUES``
+    common table expression of the distinct keys. A row-value ``IN`` list (any other database)
+    is planned by both as a scan of the whole table or index, per query."""
     cols = [t.c[c] for c in columns]
+    names = [f"k{i}" for i in range(len(cols))]
+    if conn.dialect.name == "sqlite":
+        batch = (
+            values(*(column(n, c.type) for n, c in zip(names, cols)), name="batch_keys")
+            .data(list(dict.fromkeys(keys)))
+            .cte("batch_keys")
+        )
+        return stmt.join(batch, and_(*(c == batch.c[n] for n, c in zip(names, cols))))
     if conn.dialect.name != "postgresql":
         return stmt.where(tuple_(*cols).in_(list(keys)))
-    names = [f"k{i}" for i in range(len(cols))]
     from sqlalchemy.dialects.postgresql import ARRAY  # only here: PostgreSQL connections
 
     arrays = [bindparam(n, [k[i] for k in keys], type_=ARRAY(c.type)) for i, (n, c) in enumerate(zip(names, cols))]

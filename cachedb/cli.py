@@ -404,9 +404,17 @@ def init(obj: _Context) -> None:
     "by the installed torch), so its C++ kernel libraries are served to this host's compiles. "
     "Needs torch.",
 )
+@click.option(
+    "--workers",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Processes that read, check and compress entry files while the database is written "
+    "(default: the usable CPUs, at most 4, for 1,024 FX graph/AOTAutograd files or more; "
+    "also CACHEDB_IMPORT_WORKERS). 0: all in this process.",
+)
 @db_options
 @pass_ctx
-def import_(obj: _Context, cache_dir: str, this_machine: bool) -> None:
+def import_(obj: _Context, cache_dir: str, this_machine: bool, workers: int | None) -> None:
     """Import an Inductor cache directory (TORCHINDUCTOR_CACHE_DIR).
 
     Reads fxgraph/, aotautograd/, cache/<system hash>, every *.best_config,
@@ -417,6 +425,7 @@ def import_(obj: _Context, cache_dir: str, this_machine: bool) -> None:
     \b
     Example:
       cachedb --db inductor.db import /tmp/torchinductor_$USER
+      cachedb --db inductor.db import --workers 0 ./cache   # all in one process
     """
     from .importer import Importer
 
@@ -428,7 +437,9 @@ def import_(obj: _Context, cache_dir: str, this_machine: bool) -> None:
         fingerprint = current()
         host_key = cpp_host_key()
     with obj.open() as db, ProgressBar(f"importing {cache_dir}") as bar:
-        report = Importer(db, fingerprint=fingerprint, host_key=host_key).run(cache_dir, progress=_progress_callback(bar))
+        report = Importer(db, fingerprint=fingerprint, host_key=host_key, workers=workers).run(
+            cache_dir, progress=_progress_callback(bar)
+        )
     kinds = sorted(set(report.added) | set(report.unchanged))
     emit(
         [{"kind": k, "added": report.added[k], "unchanged": report.unchanged[k]} for k in kinds],

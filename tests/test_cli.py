@@ -479,3 +479,23 @@ def test_ci_runs_the_readme_test_command() -> None:
     quick = (root / "examples" / "quickstart.sh").read_text()
     assert quick.index("pip install -q torch==2.13.0") < quick.index('pip install -q -e ".[torch]"')
     assert "bash examples/quickstart.sh" in readme
+
+
+def test_import_with_worker_processes_from_the_command_line(tmp_path: Path) -> None:
+    """``cachedb import --workers 2`` (a real process with its progress bar's thread, forking its
+    workers) stores the rows ``--workers 0`` stores, over several batches."""
+
+    inductor = _synth.build(tmp_path / "inductor", seed=3, fx_keys=400, aot_keys=150, best_configs=20, docs=1).root
+    rows = {}
+    for workers in ("2", "0"):
+        db = tmp_path / f"w{workers}.db"
+        out = subprocess.run([sys.executable, "-m", "cachedb", "--db", str(db), "import", "--workers", workers,
+                              str(inductor)], capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        assert "worker process failed" not in out.stderr
+        con = sqlite3.connect(db)
+        rows[workers] = con.execute("SELECT kind, key, variant, guards_expr, guards_known, guards_note, time_taken_ns,"
+                                    " size_bytes, checksum FROM guarded_entries ORDER BY kind, key, variant").fetchall()
+        con.close()
+    assert len(rows["2"]) > 512  # more than two batches
+    assert rows["2"] == rows["0"]

@@ -235,3 +235,77 @@ def test_cutlass_corpus_round_trip(tmp_path: Path, sqlite_db: CacheDB) -> None:
     out = tmp_path / "exported"
     export_cache_dir(sqlite_db, out)
     assert (out / "configs_b15d29dd.json").read_bytes() == original
+
+
+@pytest.mark.slow
+def test_no_import_query_scans_what_is_stored(real_cache: tuple[Path, dict], tmp_path: Path) -> None:
+    """Every SELECT an import runs on SQLite (a first import, then a re-import that finds
+    everything stored) is planned as index searches: a scan of a table or index per query
+    would make importing N entries cost O(N**2)."""
+    import re
+
+    import sqlite3
+
+    from sqlalchemy import event
+
+    db = CacheDB(tmp_path / "plans.db")
+    selects: list[tuple[str, object]] = []
+
+    @event.listens_for(db.engine, "before_cursor_execute")
+    def _grab(conn, cursor, statement, parameters, context, executemany) -> None:  # noqa: ANN001
+        if statement.lstrip().upper().startswith(("SELECT", "WITH")) and not executemany:
+            selects.append((statement, parameters))
+
+    try:
+        cache_dir, _ = real_cache
+        Importer(db, workers=0).run(cache_dir)
+        Importer(db, workers=0).run(cache_dir)
+    finally:
+        db.close()
+    assert any("guarded_entries" in s for s, _ in selects) and any("autotune_keys" in s for s, _ in selects)
+    scans = set()
+    with sqlite3.connect(tmp_path / "plans.db") as conn:
+        for statement, parameters in selects:
+            for *_, detail in conn.execute("EXPLAIN QUERY PLAN " + statement, parameters):
+                # constants and the batch of keys a query looks up are scanned; stored rows are not
+                if re.match(r"SCAN (?!CONSTANT ROW|\d+ CONSTANT ROWS|batch_keys)", detail):
+                    scans.add((detail, " ".join(statement.split())[:160]))
+    assert not scans, scans
+
+
+def test_a_batch_of_keys_is_looked_up_through_the_index(tmp_path: Path) -> None:
+    """``_bulk.matching`` on SQLite (timings import, copy, merge): 500 keys of a table of
+    2,000 are found by index searches, with the right rows, duplicates and absent keys
+    included."""
+    import sqlite3
+
+    from sqlalchemy import event, select
+
+    from cachedb._bulk import matching
+    from cachedb.models import AutotuneKey
+
+    path = tmp_path / "keys.db"
+    CacheDB(path).close()
+    with sqlite3.connect(path) as raw:  # no foreign keys on a raw connection: no fingerprint rows needed
+        raw.executemany(
+            "INSERT INTO autotune_keys (id, fingerprint_id, op, inputs, precision) VALUES (?, 1, ?, ?, 'fp32')",
+            [(i, f"op{i % 7}", f"[{i}]") for i in range(1, 2001)],
+        )
+    t = AutotuneKey.__table__
+    wanted = [(1, f"op{i % 7}", f"[{i}]") for i in range(1, 1000, 2)] + [(1, "op1", "[1]"), (1, "absent", "[]")]
+    db = CacheDB(path)
+    executed: list[tuple[str, object]] = []
+    event.listen(db.engine, "before_cursor_execute", lambda *a: executed.append((a[2], a[3])))
+    try:
+        with db.read() as repos:
+            conn = repos.session.connection()
+            stmt = matching(conn, select(t.c.id, t.c.op, t.c.inputs), t, ["fingerprint_id", "op", "inputs"], wanted)
+            found = conn.execute(stmt).all()
+    finally:
+        db.close()
+    sql, params = next((s, p) for s, p in executed if "autotune_keys" in s)
+    assert sorted(found) == [(i, f"op{i % 7}", f"[{i}]") for i in range(1, 1000, 2)]
+    with sqlite3.connect(path) as raw:
+        plan = [row[-1] for row in raw.execute("EXPLAIN QUERY PLAN " + sql, params)]
+    assert any(p.startswith("SEARCH autotune_keys USING") for p in plan), plan
+    assert not any(p.startswith("SCAN autotune_keys") for p in plan), plan
