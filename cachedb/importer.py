@@ -5,7 +5,9 @@ cache_dir_utils.py):
 
 - ``fxgraph/<key[1:3]>/<key>/<variant>`` and ``aotautograd/<key>/<variant>``: guarded entries.
   The pickles are never executed: ``guards_expr`` and the compile time are read from the opcode
-  stream (:mod:`cachedb._pickle_scan`).
+  stream (:mod:`cachedb._pickle_scan`) or, in the worker processes that check large imports
+  (:mod:`cachedb._import_pool`), by the C unpickler over inert stand-ins
+  (:mod:`cachedb._own_pickle`).
 - ``cache/<system hash>``: autotune timings and LocalCache values.
 - every ``*.best_config``: autotune best configs, keyed by their relative path.
 - ``configs_<request key>.json``: CUTLASS op lists.
