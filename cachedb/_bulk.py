@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
+import json
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from sqlalchemy import Connection, DateTime, Select, Table, and_, bindparam, column, func, insert, tuple_, values
+from sqlalchemy import Connection, DateTime, Select, String, Table, and_, bindparam, func, insert, select, tuple_
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql import Insert
 
@@ -34,6 +35,18 @@ _cursor_names = itertools.count()
 _NOTHING = object()
 #: PostgreSQL integer type OIDs (int2, int4, int8) and the bound of their values: -b <= v < b.
 _PG_INT_LIMITS = {21: 2**15, 23: 2**31, 20: 2**63}
+#: Whether this process's SQLite has the JSON functions (built in since 3.38, usually before).
+_SQLITE_JSON: list[bool] = []
+
+
+def _sqlite_json(conn: Connection) -> bool:
+    if not _SQLITE_JSON:
+        try:
+            conn.connection.driver_connection.execute("SELECT json_extract(?, '$[0]') FROM json_each(?)", ("[1]", "[1]"))  # type: ignore[union-attr]
+            _SQLITE_JSON.append(True)
+        except Exception:  # noqa: BLE001 - no JSON1: row-value IN
+            _SQLITE_JSON.append(False)
+    return _SQLITE_JSON[0]
 
 
 def dialect_insert(dialect: str) -> Callable[[Table], Insert] | None:
@@ -205,18 +218,23 @@ def matching(conn: Connection, stmt: Select[Any], t: Table, columns: Sequence[st
              keys: Sequence[tuple[Any, ...]]) -> Select[Any]:
     """``stmt`` (a SELECT from ``t``) narrowed to the rows whose ``columns`` (none of them
     nullable) equal one of ``keys``, each key an index lookup: on PostgreSQL a join with
-    ``unnest`` of one array per column (one parameter each), on SQLite a join with a ``VALUES``
-    common table expression of the distinct keys. A row-value ``IN`` list (any other database)
-    is planned by both as a scan of the whole table or index, per query."""
+    ``unnest`` of one array per column (one parameter each); on SQLite, for keys of strings
+    and integers, a join with the rows of one JSON parameter (``json_each``). A row-value
+    ``IN`` list (SQLite's other keys, any other database) is planned by both as a scan of the
+    whole table or index, per query. One parameter keeps the statement SQLAlchemy's to cache:
+    a ``VALUES`` list of 500 keys cost more to compile (23 ms) than the scan it avoids at
+    20,000 stored keys (7.5 ms; the JSON join: 1.7 ms)."""
     cols = [t.c[c] for c in columns]
     names = [f"k{i}" for i in range(len(cols))]
     if conn.dialect.name == "sqlite":
-        batch = (
-            values(*(column(n, c.type) for n, c in zip(names, cols)), name="batch_keys")
-            .data(list(dict.fromkeys(keys)))
-            .cte("batch_keys")
-        )
-        return stmt.join(batch, and_(*(c == batch.c[n] for n, c in zip(names, cols))))
+        if _sqlite_json(conn) and all(type(v) is str or type(v) is int for key in keys for v in key):
+            rows = func.json_each(bindparam("batch_keys_json", json.dumps(list(dict.fromkeys(keys)), ensure_ascii=False), type_=String))
+            each = rows.table_valued("value").alias("batch_keys_json")
+            batch = select(
+                *(func.json_extract(each.c.value, f"$[{i}]").label(n) for i, n in enumerate(names))
+            ).select_from(each).cte("batch_keys")
+            return stmt.join(batch, and_(*(c == batch.c[n] for n, c in zip(names, cols))))
+        return stmt.where(tuple_(*cols).in_(list(keys)))
     if conn.dialect.name != "postgresql":
         return stmt.where(tuple_(*cols).in_(list(keys)))
     from sqlalchemy.dialects.postgresql import ARRAY  # only here: PostgreSQL connections
