@@ -44,7 +44,7 @@ from ._signing import Signer
 from .fingerprint import Fingerprint
 from ._import_pool import default_workers, map_in_workers
 from ._own_pickle import read_own_entry_fields
-from ._payload import pack
+from ._payload import Packed, pack
 from ._pickle_scan import EntryFields, read_entry_fields
 from .keys import sha256_digest_name
 from .repositories.best_configs import prepare_columns
@@ -251,34 +251,56 @@ def _check_guarded(
         return Problem(item.rel, reason)
 
 
-def _check_guarded_files(items: Sequence[_Item], *, contained: bool) -> list[tuple[int, Problem | ScannedPayload]]:
-    """Read and check guarded entry files (:func:`_check_guarded`): per file, the bytes read
-    and the entry or why it cannot be imported.
+#: A checked guarded entry file as :func:`_check_guarded_files` returns it (plain tuples: a
+#: worker's results are pickled back, and dataclasses cost ~18 us a file to pickle and unpickle
+#: against ~1 us): ``(bytes read, reason)`` for a file that cannot be imported, else ``(bytes
+#: read, digest, variant, guards_expr, guards_known, guards_note, time_taken_ns, payload,
+#: compressed payload or None)``. :func:`_decode_checked` makes it a Problem or ScannedPayload.
+_Checked = tuple[Any, ...]
+
+
+def _check_guarded_files(items: Sequence[_Item], *, contained: bool) -> list[_Checked]:
+    """Read and check guarded entry files (:func:`_check_guarded`), one :data:`_Checked` per
+    file.
 
     ``contained``: this runs in a disposable worker process (:mod:`cachedb._import_pool`), so
     pickles are read by the C unpickler over inert stand-ins (:func:`cachedb._own_pickle.
     read_own_entry_fields`, the same fields as the opcode walk, several times faster; a file
     that crashes or hangs it takes down the worker, not the import) and payloads are
-    compressed here (:attr:`ScannedPayload.packed`). Otherwise the opcode walk reads them and
-    the repository compresses only the entries it adds."""
-    out: list[tuple[int, Problem | ScannedPayload]] = []
+    compressed here. Otherwise the opcode walk reads them and the repository compresses only
+    the entries it adds."""
+    out: list[_Checked] = []
     reader = read_own_entry_fields if contained else read_entry_fields
     for item in items:
         try:
             data = _read(item.full, item.size)
         except OSError as exc:
-            out.append((0, Problem(item.rel, f"cannot read: {exc}")))
+            out.append((0, f"cannot read: {exc}"))
             continue
         try:
             item.rel.encode("utf-8")
         except UnicodeEncodeError:
-            out.append((len(data), Problem(item.rel, "file name is not valid UTF-8")))
+            out.append((len(data), "file name is not valid UTF-8"))
             continue
         checked = _check_guarded(item, data, reader)
-        if contained and isinstance(checked, ScannedPayload):
-            checked = replace(checked, packed=pack(data, digest=checked.digest))
-        out.append((len(data), checked))
+        if isinstance(checked, Problem):
+            out.append((len(data), checked.reason))
+            continue
+        f = checked.fields
+        blob = pack(data, digest=checked.digest).blob if contained else None
+        out.append((len(data), checked.digest, checked.variant, f.guards_expr, f.guards_known, f.reason,
+                    f.time_taken_ns, data, blob))
     return out
+
+
+def _decode_checked(item: _Item, checked: _Checked) -> Problem | ScannedPayload:
+    """The :data:`_Checked` of ``item`` as the repository takes it."""
+    if len(checked) == 2:
+        return Problem(item.rel, checked[1])
+    _, digest, variant, guards_expr, guards_known, note, time_ns, data, blob = checked
+    fields = EntryFields(guards_expr, guards_known, time_ns, note)
+    packed = Packed(blob, len(data), digest.hex()) if blob is not None else None
+    return ScannedPayload(item.kind, item.rel.split("/")[-2], data, digest, variant, fields, packed)
 
 
 def _check_best_config(item: _Item, data: bytes, signer: Signer | None) -> Problem | tuple[str, str, dict[str, Any]]:
@@ -394,9 +416,7 @@ class Importer:
                 progress(done, total)
         return report
 
-    def _import_batch(
-        self, batch: list[_Item], checked_guarded: list[tuple[int, Problem | ScannedPayload]], report: ImportReport
-    ) -> int:
+    def _import_batch(self, batch: list[_Item], checked_guarded: list[_Checked], report: ImportReport) -> int:
         """One transaction per batch. Guarded entries come checked (:func:`_check_guarded_files`:
         name = ``sha256_hash`` of the bytes, pickle scannable), best configs (UTF-8 JSON
         objects) are checked before the transaction; both are written in bulk (:meth:`_store`);
@@ -408,8 +428,9 @@ class Importer:
         kernels: dict[tuple[str, str], list[tuple[str, bytes]]] = {}
         signer = self.db.signer
         guarded_items = [item for item in batch if item.kind in _GUARDED_KINDS]
-        for item, (nbytes, scanned) in zip(guarded_items, checked_guarded, strict=True):
-            report.bytes_read += nbytes
+        for item, checked in zip(guarded_items, checked_guarded, strict=True):
+            report.bytes_read += checked[0]
+            scanned = _decode_checked(item, checked)
             if isinstance(scanned, Problem):
                 report.problems.append(scanned)
             else:
