@@ -58,9 +58,12 @@ def default_workers() -> int:
 
 def _init_worker() -> None:
     """Worker initializer: ``SIGALRM`` kills the worker (the parent's handler, if any, does
-    not run in C code, where a stalled read sits), and a worker that a hostile file crashes
-    dies quietly (no ``faulthandler`` dump inherited from the parent): the parent says so."""
+    not run in C code, where a stalled read sits); Ctrl-C (``SIGINT``, sent to the whole
+    process group) is left to the parent, which stops the pool; and a worker that a hostile
+    file crashes dies quietly (no ``faulthandler`` dump inherited from the parent): the parent
+    says so."""
     signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     faulthandler.disable()
 
 

@@ -31,7 +31,8 @@ import os
 import re
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from contextlib import closing
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
@@ -405,15 +406,16 @@ class Importer:
         workers = self.workers
         if workers is None:
             workers = default_workers() if sum(map(len, guarded)) >= _POOL_MIN_FILES else 0
-        checked = map_in_workers(
+        done = 0
+        # closed here, in this thread, even on an error or Ctrl-C: closing stops the workers
+        with closing(map_in_workers(
             partial(_check_guarded_files, contained=True), partial(_check_guarded_files, contained=False),
             guarded, workers=workers,
-        )
-        done = 0
-        for batch, checked_guarded in zip(batches, checked):
-            done += self._import_batch(batch, checked_guarded, report)
-            if progress:
-                progress(done, total)
+        )) as checked:
+            for batch, checked_guarded in zip(batches, checked):
+                done += self._import_batch(batch, checked_guarded, report)
+                if progress:
+                    progress(done, total)
         return report
 
     def _import_batch(self, batch: list[_Item], checked_guarded: list[_Checked], report: ImportReport) -> int:

@@ -499,3 +499,43 @@ def test_import_with_worker_processes_from_the_command_line(tmp_path: Path) -> N
         con.close()
     assert len(rows["2"]) > 512  # more than two batches
     assert rows["2"] == rows["0"]
+
+
+def test_ctrl_c_stops_an_import_with_workers_cleanly(tmp_path: Path) -> None:
+    """Ctrl-C (SIGINT to the process group, as a terminal sends it) during ``cachedb import``
+    with workers: the command ends promptly with click's "Aborted!" and no traceback from it
+    or its workers, leaves no process behind, and what it committed stays valid: importing
+    again completes with the same rows as a clean import."""
+    import signal
+
+    inductor = _synth.build(tmp_path / "inductor", seed=5, fx_keys=400, aot_keys=100, best_configs=10, docs=1,
+                            max_payload=400_000).root
+    db = tmp_path / "x.db"
+    cmd = [sys.executable, "-m", "cachedb", "--db", str(db), "import", "--workers", "2", str(inductor)]
+    assert subprocess.run([*cmd[:5], "init"], capture_output=True).returncode == 0
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 60
+    stored = 0
+    while stored == 0 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+        con = sqlite3.connect(db, timeout=5)
+        stored = con.execute("SELECT count(*) FROM guarded_entries").fetchone()[0]
+        con.close()
+    if proc.poll() is not None:
+        pytest.skip("the import finished before it could be interrupted")
+    os.killpg(proc.pid, signal.SIGINT)
+    _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 1 and "Aborted!" in stderr and "Traceback" not in stderr, stderr
+    with pytest.raises(ProcessLookupError):
+        os.killpg(proc.pid, 0)  # nothing of the group is left
+    again = subprocess.run(cmd, capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr
+    clean = tmp_path / "clean.db"
+    assert subprocess.run([*cmd[:3], "--db", str(clean), "import", str(inductor)], capture_output=True).returncode == 0
+    query = "SELECT kind, key, variant, guards_expr, checksum FROM guarded_entries ORDER BY kind, key, variant"
+    rows = []
+    for path in (db, clean):
+        con = sqlite3.connect(path)
+        rows.append(con.execute(query).fetchall())
+        con.close()
+    assert rows[0] == rows[1] and len(rows[0]) > 500
