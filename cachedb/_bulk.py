@@ -40,6 +40,7 @@ _SQLITE_JSON: list[bool] = []
 
 
 def _sqlite_json(conn: Connection) -> bool:
+    """Whether SQLite's JSON functions (``json_each``, ``json_extract``) work here (probed once)."""
     if not _SQLITE_JSON:
         try:
             conn.connection.driver_connection.execute("SELECT json_extract(?, '$[0]') FROM json_each(?)", ("[1]", "[1]"))  # type: ignore[union-attr]
@@ -226,15 +227,14 @@ def matching(conn: Connection, stmt: Select[Any], t: Table, columns: Sequence[st
     20,000 stored keys (7.5 ms; the JSON join: 1.7 ms)."""
     cols = [t.c[c] for c in columns]
     names = [f"k{i}" for i in range(len(cols))]
-    if conn.dialect.name == "sqlite":
-        if _sqlite_json(conn) and all(type(v) is str or type(v) is int for key in keys for v in key):
-            rows = func.json_each(bindparam("batch_keys_json", json.dumps(list(dict.fromkeys(keys)), ensure_ascii=False), type_=String))
-            each = rows.table_valued("value").alias("batch_keys_json")
-            batch = select(
-                *(func.json_extract(each.c.value, f"$[{i}]").label(n) for i, n in enumerate(names))
-            ).select_from(each).cte("batch_keys")
-            return stmt.join(batch, and_(*(c == batch.c[n] for n, c in zip(names, cols))))
-        return stmt.where(tuple_(*cols).in_(list(keys)))
+    if (conn.dialect.name == "sqlite" and _sqlite_json(conn)
+            and all(type(v) is str or type(v) is int for key in keys for v in key)):
+        text = json.dumps(list(dict.fromkeys(keys)), ensure_ascii=False)
+        each = func.json_each(bindparam("batch_keys_json", text, type_=String)).table_valued("value").alias("batch_keys_json")
+        batch = select(
+            *(func.json_extract(each.c.value, f"$[{i}]").label(n) for i, n in enumerate(names))
+        ).select_from(each).cte("batch_keys")
+        return stmt.join(batch, and_(*(c == batch.c[n] for n, c in zip(names, cols))))
     if conn.dialect.name != "postgresql":
         return stmt.where(tuple_(*cols).in_(list(keys)))
     from sqlalchemy.dialects.postgresql import ARRAY  # only here: PostgreSQL connections

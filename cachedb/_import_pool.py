@@ -88,10 +88,9 @@ def map_in_workers(
     processes at most ``ahead`` batches (default ``2 * workers``) ahead of the consumer.
 
     ``work`` and its results cross a process boundary (pickled). When a worker dies, raises,
-    stalls past ``stall_s`` seconds (default :data:`STALL_LIMIT_S`), or ``workers`` is 0, that
-    batch and the rest are
-    ``fallback(batch)`` in this process instead (logged once). Leaving the iterator early
-    cancels what was not started and waits for what was.
+    or stalls past ``stall_s`` seconds (default :data:`STALL_LIMIT_S`), that batch and the rest
+    are ``fallback(batch)`` in this process instead (logged once); with ``workers`` 0, every
+    batch is. Closing the iterator early cancels what was not started and waits for what was.
     """
     it = iter(batches)
     if workers <= 0:

@@ -403,9 +403,12 @@ class Importer:
         if batch:
             batches.append(batch)
         guarded = [[i for i in b if i.kind in _GUARDED_KINDS] for b in batches]
+        n_guarded = sum(map(len, guarded))
         workers = self.workers
         if workers is None:
-            workers = default_workers() if sum(map(len, guarded)) >= _POOL_MIN_FILES else 0
+            workers = default_workers() if n_guarded >= _POOL_MIN_FILES else 0
+        elif n_guarded == 0:
+            workers = 0  # nothing for them to check
         done = 0
         # closed here, in this thread, even on an error or Ctrl-C: closing stops the workers
         with closing(map_in_workers(
