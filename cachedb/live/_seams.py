@@ -110,6 +110,7 @@ def _cache_dir() -> str:
     return cache_dir()
 
 
+@functools.lru_cache(maxsize=1 << 16)  # torch asks with the same path string once per kernel
 def best_config_key(path: str) -> str:
     """A best config's key: the last two parts of its path, ``"<k[1:3]>/<name>.best_config"``.
 
