@@ -393,7 +393,7 @@ class KeptConnection:
         self._compiled: dict[int, tuple[ClauseElement, _Compiled]] = {}
         self._sqlite = engine.dialect.name == "sqlite"
         path = sqlite_path(engine.url)
-        self._path = str(path) if path is not None else None
+        self._path = str(path) if path is not None else None  # a file: the wal-index is looked for
         #: ``(descriptor of SQLite's -shm file, wal-index header, token)``: :meth:`version`'s
         #: token as of that header (:mod:`cachedb._wal_index`); ``None``: run the PRAGMA.
         self._wal: tuple[int, bytes, tuple[int, int]] | None = None
@@ -543,9 +543,8 @@ class KeptConnection:
             try:
                 dbapi = self._dbapi if self._dbapi is not None else self._driver()
                 if wal is None and self._wal_sought != self._number and self._path is not None:
-                    dbapi.execute("PRAGMA data_version").fetchone()  # the -shm file is open after a read
                     self._wal_sought = self._number
-                    descriptor = _wal_index.find(self._path)
+                    descriptor = _wal_index.find_for(dbapi)
                     wal = (descriptor, b"", (0, 0)) if descriptor is not None else None
                 header = _wal_index.read(wal[0]) if wal is not None else None  # before the PRAGMA
                 token = (self._number, dbapi.execute("PRAGMA data_version").fetchone()[0])

@@ -11,23 +11,25 @@ were before a ``PRAGMA data_version``, the PRAGMA would answer what it answered 
 transaction). When the bytes moved (a commit of this connection too, or a checkpoint that
 restarted the log) the caller runs the PRAGMA again.
 
-The bytes are read through the descriptor SQLite itself holds open on the ``-shm`` file,
-found once per connection in ``/proc/self/fd``, and never closed here: closing any descriptor
+The bytes are read through the descriptor SQLite itself holds open on the ``-shm`` file of
+the database the connection opened (the path from ``PRAGMA database_list``), found once per
+connection in ``/proc/self/fd`` (:func:`find_for`), and never closed here: closing any descriptor
 of a file drops every POSIX lock this process holds on it, SQLite's own included, so
 cachedb never opens one of its own. ``pread`` rather than ``mmap``: a file that shrinks
 gives a short read, not a ``SIGBUS``. A header that does not look like one (wrong version,
 not initialized, the two copies differ: a write in progress) is treated as moved. The
-descriptor is only read while the caller's connection is open, which keeps SQLite's
-``-shm`` descriptor open and the file in place (SQLite removes it only when the last
-connection to the database closes).
+caller's connection being open keeps SQLite's ``-shm`` descriptor open and the file in place
+(SQLite removes it only when the last connection to the database closes);
+:meth:`cachedb._engine.KeptConnection.version` says what a read racing a reopen sees.
 
-Linux only (``/proc/self/fd``); elsewhere, or off WAL, :func:`find` returns ``None`` and
+Linux only (``/proc/self/fd``); elsewhere, or off WAL, :func:`find_for` returns ``None`` and
 callers run the PRAGMA each time.
 """
 
 from __future__ import annotations
 
 import os
+import sqlite3
 import struct
 import sys
 
@@ -81,3 +83,21 @@ def find(database: str) -> int | None:
             if read(descriptor) is not None:
                 return descriptor
     return None
+
+
+def find_for(connection: sqlite3.Connection) -> int | None:
+    """:func:`find` for the main database of ``connection``, a ``sqlite3`` connection: ``None``
+    unless it is in WAL mode. The path is the one SQLite opened (``PRAGMA database_list``:
+    absolute, symbolic links resolved), so a relative URL or a later ``chdir`` cannot point
+    the check at another database's ``-shm`` file. Runs a read first, which opens the
+    wal-index.
+
+    Raises:
+        sqlite3.Error: the driver failed.
+    """
+    mode = connection.execute("PRAGMA journal_mode").fetchone()
+    if not mode or str(mode[0]).lower() != "wal":
+        return None
+    connection.execute("PRAGMA data_version").fetchone()  # a read: the -shm file is open after it
+    main = next((row[2] for row in connection.execute("PRAGMA database_list") if row[1] == "main"), "")
+    return find(main) if main else None

@@ -51,13 +51,35 @@ def test_find_returns_sqlites_own_descriptor_of_the_shm_file(tmp_path: Path) -> 
 
 
 @linux_only
-def test_no_descriptor_off_wal_or_before_a_read(tmp_path: Path) -> None:
+def test_no_descriptor_off_wal(tmp_path: Path) -> None:
     rollback = tmp_path / "r.db"
     conn = sqlite3.connect(rollback, isolation_level=None)
     conn.execute("CREATE TABLE t (x)")
-    assert _wal_index.find(str(rollback)) is None
+    assert _wal_index.find(str(rollback)) is None and _wal_index.find_for(conn) is None
     conn.close()
     assert _wal_index.find(str(tmp_path / "absent.db")) is None
+    assert _wal_index.find_for(sqlite3.connect(":memory:")) is None
+
+
+@linux_only
+def test_find_for_uses_the_file_sqlite_opened(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A relative path, then a chdir, and a symbolic link: the descriptor is still the one of
+    the database the connection reads."""
+    (tmp_path / "real").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "real")
+    conn = _wal_database(Path("w.db"))
+    decoy = _wal_database(tmp_path / "elsewhere" / "w.db")  # same relative name in the next cwd
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    (tmp_path / "link.db").symlink_to(tmp_path / "real" / "w.db")
+    linked = sqlite3.connect(tmp_path / "link.db", isolation_level=None)
+    shm = os.stat(tmp_path / "real" / "w.db-shm")
+    for connection in (conn, linked):
+        descriptor = _wal_index.find_for(connection)
+        assert descriptor is not None
+        assert (os.fstat(descriptor).st_ino, os.fstat(descriptor).st_dev) == (shm.st_ino, shm.st_dev)
+    for c in (conn, decoy, linked):
+        c.close()
 
 
 def _real_header(tmp_path: Path) -> bytes:
