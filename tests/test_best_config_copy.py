@@ -285,3 +285,51 @@ def test_own_writes_and_checkpoints_keep_the_token_right(tmp_path: Path) -> None
     assert store.best_config_get("ab/k2.best_config") == b'{"num_warps": 21}'
     assert store.best_config_get("ab/k4.best_config") == _config(4)
     store.close()
+
+
+_FORK_STORE: LiveStore | None = None
+
+
+def _child_gets(conn) -> None:  # type: ignore[no-untyped-def]
+    """In a forked child of a process with a loaded copy: the inherited header check is
+    dropped; the child's own connection sees the parent's later commit."""
+    store = _FORK_STORE
+    assert store is not None
+    inherited = store.db.kept._wal
+    first = store.best_config_get("ab/k1.best_config")
+    token = store.db.kept.version()
+    conn.send((inherited, first, token, store.db.kept._wal is not None))
+    assert conn.recv() == "committed"
+    conn.send(store.best_config_get("ab/k1.best_config"))
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_checks_its_own_connection(tmp_path: Path) -> None:
+    import multiprocessing
+
+    global _FORK_STORE
+    path = tmp_path / "c.db"
+    store = _FORK_STORE = _filled(path, 6)
+    _loaded(store, 6)
+    parent_token = store.db.kept.version()
+    ctx = multiprocessing.get_context("fork")
+    ours, theirs = ctx.Pipe()
+    child = ctx.Process(target=_child_gets, args=(theirs,))
+    child.start()
+    try:
+        assert ours.poll(120)
+        inherited, first, token, watching = ours.recv()
+        assert inherited is None and first == _config(1)
+        assert watching == sys.platform.startswith("linux")  # its own -shm descriptor found
+        assert token is not None and parent_token is not None and token[0] != parent_token[0]
+        with CacheDB(path) as db, db.transaction() as repos:
+            repos.best_configs.put("ab/k1.best_config", '{"num_warps": 64}')
+        ours.send("committed")
+        assert ours.poll(120)
+        assert ours.recv() == b'{"num_warps": 64}'
+    finally:
+        child.join(60)
+        _FORK_STORE = None
+    assert child.exitcode == 0
+    assert store.best_config_get("ab/k1.best_config") == b'{"num_warps": 64}'
+    store.close()
