@@ -21,9 +21,14 @@ zstd-3 ratio printed in the notes); each put stores a new key with one variant. 
 
 from __future__ import annotations
 
+import json
+import os
 import pickle
 import statistics
+import subprocess
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import zstandard
 
@@ -31,6 +36,8 @@ from . import _payloads as P
 from ._context import Context, fresh_torch_cache
 from ._report import Row, SectionResult
 from ._stats import interleaved, seconds_to, time_ops
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 NAME = "guarded"
 TITLE = "Guarded entries: put / get vs FxGraphCache files"
@@ -55,6 +62,34 @@ def _minor_faults(get: Callable[[int], object], reps: int) -> float:
     for i in range(reps):
         get(i)
     return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / reps
+
+
+#: Fresh-process pairs of the first-get measurement (full run; quick: 1).
+FIRST_GET_PAIRS = 5
+
+
+def _first_gets(
+    ctx: Context, cache_dir: Path, db_path: Path, file_key: str, file_nonce: int, live_key: str, live_nonce: int
+) -> dict[str, float] | None:
+    """Median seconds and minor page faults of the first get in a fresh process, files vs live
+    (:mod:`benchmarks._first_get_child`), in alternating pairs: what torch pays once per process,
+    where neither side has warm memory. ``None`` off Linux/macOS (no ``resource``)."""
+    try:
+        import resource  # noqa: F401 - the child needs it
+    except ImportError:
+        return None
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])}
+    env = {k: v for k, v in env.items() if not k.startswith("CACHEDB_")}
+    out: dict[str, list[dict[str, float]]] = {"files": [], "live": []}
+    for _ in range(1 if ctx.quick else FIRST_GET_PAIRS):
+        for mode, key, nonce in (("files", file_key, file_nonce), ("live", live_key, live_nonce)):
+            cmd = [sys.executable, "-m", "benchmarks._first_get_child", mode, str(cache_dir), key, str(nonce), str(db_path)]
+            done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO_ROOT, timeout=300, check=True)
+            out[mode].append(json.loads(done.stdout.strip().splitlines()[-1]))
+    return {
+        f"{mode}_{what}": statistics.median(sample[what] for sample in samples)
+        for mode, samples in out.items() for what in ("s", "faults")
+    }
 
 
 def run(ctx: Context) -> SectionResult:
@@ -132,6 +167,9 @@ def run(ctx: Context) -> SectionResult:
                 live_put = time_ops(put_live, range(reps))
                 live_get = time_ops(get_live, range(reps))
                 live_faults = _minor_faults(get_live, reps)
+            first = _first_gets(ctx, _cache_dir, db_path, keys[slot(0, 0)], slot(0, 0), keys[slot(2, 0)], slot(2, 0))
+            if first is not None:
+                res.extra["payloads"][label]["first_get"] = first
             # Where a cachedb put's time goes, for the notes: the scan, hashing and zstd alone
             # (medians of 5, seconds).
             import hashlib
@@ -168,6 +206,15 @@ def run(ctx: Context) -> SectionResult:
              "get_page_faults_live": live_faults}
         )
     for label, info in res.extra["payloads"].items():
+        first = info.get("first_get")
+        if first:
+            res.notes.append(
+                f"{label}, the first get in a fresh process (what torch pays: once per process, no warm "
+                f"memory on either side; medians of {1 if ctx.quick else FIRST_GET_PAIRS} alternating pairs): "
+                f"live {first['live_s'] * 1e3:.2f} ms ({first['live_faults']:,.0f} minor page faults) against "
+                f"files {first['files_s'] * 1e3:.2f} ms ({first['files_faults']:,.0f}), "
+                f"{first['live_s'] / first['files_s']:.2f}x."
+            )
         res.notes.append(
             f"{label}: payload compresses {info['zstd3_ratio']}x with zstd-3 (cachedb stores it at level "
             f"{info['zstd_level']}); one pickle scan {info['scan_ms']} ms (C unpickler over stand-ins: "

@@ -1,0 +1,50 @@
+"""One first FX-graph get in a fresh interpreter, as torch makes it once per process (§4).
+
+``python -m benchmarks._first_get_child MODE CACHE_DIR KEY NONCE [DB]``: ``MODE`` ``files``
+reads the entry from Inductor's own cache dir ``CACHE_DIR`` (``TORCHINDUCTOR_CACHE_DIR``);
+``live`` from the database ``DB`` inside ``cachedb.installed``. After one lookup of an absent
+key (torch's first lookup imports and sets up, on both sides alike) and the import of the
+entry's classes, times the one ``FxGraphCache.iterate_over_candidates(True, None, KEY)`` call
+(list, read or fetch, decompress, ``pickle.loads``) with no warm memory on either side, and
+counts the minor page faults it took. Prints one JSON line: ``{"s": seconds, "faults": count}``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+
+def main() -> None:
+    mode, cache_dir, key, nonce = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache_dir
+    import resource
+    from contextlib import nullcontext
+
+    from torch._inductor.codecache import FxGraphCache
+
+    if mode == "live":
+        import cachedb
+
+        scope = cachedb.installed(sys.argv[5])
+    else:
+        scope = nullcontext()
+    with scope:
+        # What both sides pay once, before any graph: the entry's classes, and the code of the
+        # lookup itself (a lookup of an absent key: torch's first call imports and sets up).
+        import benchmarks._payloads  # noqa: F401
+
+        assert not list(FxGraphCache.iterate_over_candidates(True, None, "f" + "0" * 51))
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        t = time.perf_counter()
+        got = list(FxGraphCache.iterate_over_candidates(True, None, key))
+        took = time.perf_counter() - t
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+    assert len(got) == 1 and got[0][0].nonce == nonce, (mode, key, len(got))
+    print(json.dumps({"s": took, "faults": faults}))
+
+
+if __name__ == "__main__":
+    main()
