@@ -200,25 +200,22 @@ def run(ctx: Context) -> SectionResult:
     version_us = seconds_to(us, raw_version).median
     res.extra["data_version_us"] = round(version_us, 2)
     if raw_header is not None:
-        header_us = seconds_to(us, raw_header).median
-        res.extra["wal_index_header_read_us"] = round(header_us, 2)
-        res.notes.append(
-            f"The live get answers from a process-local copy of every best config while no other connection "
-            f"has committed, else with the SELECT. It tells by reading the database's wal-index header "
-            f"(`pread` of 96 bytes of the -shm file, {header_us:.2f} us here) instead of asking SQLite "
-            f"(`PRAGMA data_version`: {version_us:.1f} us on a bare sqlite3 connection); the PRAGMA runs "
-            f"only after the header moved. Floor of a get that sees other processes' commits: torch's share "
-            f"plus that read = {floor_us + header_us:.1f} us, {(floor_us + header_us) / base_get.median:.2f}x "
-            f"the file get (with the PRAGMA: {(floor_us + version_us) / base_get.median:.2f}x)."
-        )
+        check_us = seconds_to(us, raw_header).median
+        res.extra["wal_index_header_read_us"] = round(check_us, 2)
+        how = (f"reading the database's wal-index header (`pread` of 96 bytes of the -shm file, {check_us:.2f} us "
+               f"here) instead of asking SQLite (`PRAGMA data_version`: {version_us:.1f} us on a bare sqlite3 "
+               "connection); the PRAGMA runs only after the header moved")
     else:
-        res.notes.append(
-            f"The live get answers from a process-local copy of every best config while no other connection "
-            f"has committed (one `PRAGMA data_version` per get here, {version_us:.1f} us on a bare sqlite3 "
-            f"connection: no wal-index descriptor found), else with the SELECT. Floor of a get that sees "
-            f"other processes' commits: torch's share plus that check = {floor_us + version_us:.1f} us, "
-            f"{(floor_us + version_us) / base_get.median:.2f}x the file get."
-        )
+        check_us = version_us
+        how = (f"one `PRAGMA data_version` per get ({version_us:.1f} us on a bare sqlite3 connection: no "
+               "wal-index descriptor found here)")
+    res.notes.append(
+        f"The live get answers from a process-local copy of every best config while no other connection has "
+        f"committed, else with the SELECT. It tells by {how}. Floor of a get that sees other processes' commits: "
+        f"torch's share plus that check = {floor_us + check_us:.1f} us, "
+        f"{(floor_us + check_us) / base_get.median:.2f}x the file get (with the PRAGMA: "
+        f"{(floor_us + version_us) / base_get.median:.2f}x)."
+    )
     res.notes.append(
         f"{n} distinct entries; each sample is one call. The strawman (benchmarks/naive_sqlite.py: "
         "a connection per call, rollback journal, synchronous=FULL) is "

@@ -78,7 +78,8 @@ def _first_gets(
         import resource  # noqa: F401 - the child needs it
     except ImportError:
         return None
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])}
+    path = [str(REPO_ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
     env = {k: v for k, v in env.items() if not k.startswith("CACHEDB_")}
     out: dict[str, list[dict[str, float]]] = {"files": [], "live": []}
     for _ in range(1 if ctx.quick else FIRST_GET_PAIRS):

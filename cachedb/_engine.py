@@ -393,7 +393,6 @@ class KeptConnection:
         self._compiled: dict[int, tuple[ClauseElement, _Compiled]] = {}
         self._sqlite = engine.dialect.name == "sqlite"
         path = sqlite_path(engine.url)
-        self._path = str(path) if path is not None else None  # a file: the wal-index is looked for
         #: ``(descriptor of SQLite's -shm file, wal-index header, token)``: :meth:`version`'s
         #: token as of that header (:mod:`cachedb._wal_index`); ``None``: run the PRAGMA.
         self._wal: tuple[int, bytes, tuple[int, int]] | None = None
@@ -536,27 +535,22 @@ class KeptConnection:
                     return wal[2]
             except OSError:
                 pass
-        if not self._sqlite or not self._hold():
-            return None
-        try:
-            wal = self._wal
-            try:
-                dbapi = self._dbapi if self._dbapi is not None else self._driver()
-                if wal is None and self._wal_sought != self._number and self._path is not None:
-                    self._wal_sought = self._number
-                    descriptor = _wal_index.find_for(dbapi)
-                    wal = (descriptor, b"", (0, 0)) if descriptor is not None else None
-                header = _wal_index.read(wal[0]) if wal is not None else None  # before the PRAGMA
-                token = (self._number, dbapi.execute("PRAGMA data_version").fetchone()[0])
-                if wal is not None:  # a header being written (copies differ) matches nothing
-                    self._wal = (wal[0], header if header is not None else b"", token)
-                return token
-            except Exception as exc:
-                self._discard()
-                self._raise_driver_error(exc, HotReadError, "read")
-                raise
-        finally:
-            self._lock.release()
+        return self._read(None, None, versioned=True)[0] if self._sqlite else None
+
+    def _token(self, dbapi: Any) -> tuple[int, int]:
+        """``(connection number, PRAGMA data_version)``, and the wal-index header read just
+        before that PRAGMA kept for :meth:`version` (the caller holds the lock). Looks up the
+        ``-shm`` descriptor once per connection (:func:`cachedb._wal_index.find_for`)."""
+        wal = self._wal
+        if wal is None and self._wal_sought != self._number:
+            self._wal_sought = self._number
+            descriptor = _wal_index.find_for(dbapi)
+            wal = (descriptor, b"", (0, 0)) if descriptor is not None else None
+        header = _wal_index.read(wal[0]) if wal is not None else None  # before the PRAGMA
+        token = (self._number, dbapi.execute("PRAGMA data_version").fetchone()[0])
+        if wal is not None:  # a header being written (copies differ) matches nothing
+            self._wal = (wal[0], header if header is not None else b"", token)
+        return token
 
     def fetch_versioned(
         self, stmt: ClauseElement, params: Mapping[str, Any]
@@ -585,7 +579,7 @@ class KeptConnection:
             compiled = self._compile(stmt) if stmt is not None else None
             try:
                 dbapi = self._dbapi if self._dbapi is not None else self._driver()
-                token = (self._number, dbapi.execute("PRAGMA data_version").fetchone()[0]) if versioned else None
+                token = self._token(dbapi) if versioned else None
                 if compiled is None:
                     return token, []
                 if self._sqlite:  # autocommit: the statement is its own read transaction
