@@ -33,6 +33,7 @@ __all__ = ["STALL_LIMIT_S", "default_workers", "map_in_workers"]
 log = logging.getLogger("cachedb")
 
 _B = TypeVar("_B")
+_END = object()
 _R = TypeVar("_R")
 
 #: Seconds a worker may spend on one batch before its alarm kills it (a batch holds at most
@@ -82,10 +83,18 @@ def map_in_workers(
     *,
     workers: int,
     ahead: int | None = None,
+    ahead_bytes: int = 0,
+    weigh: Callable[[_B], int] | None = None,
+    most_ahead: int = 64,
     stall_s: float | None = None,
 ) -> Iterator[_R]:
     """``work(batch)`` for every batch, yielded in order, computed in ``workers`` forked
-    processes at most ``ahead`` batches (default ``2 * workers``) ahead of the consumer.
+    processes ahead of the consumer: always up to ``ahead`` batches (default ``2 * workers``),
+    and more while the batches in flight weigh less than ``ahead_bytes`` in all (``weigh``:
+    a batch's input bytes) and number fewer than ``most_ahead``. Batches are taken from
+    ``batches`` only as they are submitted, so a lazy iterable (a directory walk) is consumed
+    while the workers already run; the first result is awaited only once that many are in
+    flight.
 
     ``work`` and its results cross a process boundary (pickled). When a worker dies, raises,
     or stalls past ``stall_s`` seconds (default :data:`STALL_LIMIT_S`), that batch and the rest
@@ -100,28 +109,36 @@ def map_in_workers(
     stall_s = STALL_LIMIT_S if stall_s is None else stall_s
     pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("fork"),
                                initializer=_init_worker)
-    pending: deque[tuple[_B, Future[_R]]] = deque()
+    pending: deque[tuple[_B, Future[_R], int]] = deque()
+    in_flight = [0]  # the weight of the pending batches
 
-    def submit_next() -> None:
-        for batch in it:
-            pending.append((batch, pool.submit(_watched, work, stall_s, batch)))
-            return
+    def room() -> bool:
+        return len(pending) < ahead or (len(pending) < most_ahead and in_flight[0] < ahead_bytes)
+
+    def submit() -> None:
+        while room():
+            batch = next(it, _END)
+            if batch is _END:
+                return
+            weight = weigh(batch) if weigh is not None else 0
+            pending.append((batch, pool.submit(_watched, work, stall_s, batch), weight))  # type: ignore[arg-type]
+            in_flight[0] += weight
 
     failed: list[_B] = []
     try:
-        for _ in range(ahead):
-            submit_next()
+        submit()
         while pending:
-            batch, future = pending.popleft()
+            batch, future, weight = pending.popleft()
+            in_flight[0] -= weight
             try:
                 result = future.result(timeout=2 * stall_s)
             except Exception as exc:  # noqa: BLE001 - dead, stalled or failing worker: fall back
                 log.warning("cachedb import: a worker process failed (%s: %s); checking the rest in this process",
                             type(exc).__name__, exc)
-                failed = [batch, *(b for b, _ in pending)]
+                failed = [batch, *(b for b, _, _ in pending)]
                 pending.clear()
                 break
-            submit_next()
+            submit()
             yield result
     finally:
         # A failed pool is not waited for: a stalled worker ends at its alarm.

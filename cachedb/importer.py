@@ -25,13 +25,14 @@ Re-importing is idempotent.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import operator
 import os
 import re
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import closing
+from contextlib import closing, contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -67,6 +68,14 @@ _BATCH_BYTES = 256 << 20
 #: (:mod:`cachedb._import_pool`); fewer are checked in-process (starting workers costs more).
 _POOL_MIN_FILES = 1024
 _GUARDED_KINDS = ("fxgraph", "aotautograd")
+#: Bytes of guarded entry files the workers may check ahead of the writer (they start while the
+#: directory is still being walked): more batches than the pool's default two per worker when
+#: they are small, bounding the memory their results hold (payload and compressed copy).
+_AHEAD_BYTES = 64 << 20
+#: Batches between two collections of the young generations (``gc.collect(1)``) while an
+#: import runs with automatic collection off (:meth:`Importer.run`): the reference cycles a
+#: batch leaves (a session and its transaction) are freed within that many.
+_GC_EVERY_BATCHES = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,25 +166,17 @@ def _read(path: str, size: int) -> bytes:
         os.close(fd)
 
 
-def scan(cache_dir: Path) -> tuple[list[_Item], list[Problem], int]:
-    """Classify every file under ``cache_dir``: ``(items, problems, ignored count)``.
-
-    Raises :class:`~cachedb.NotAnInductorCacheError` if ``cache_dir`` is not a directory or
-    holds none of the files an Inductor cache holds.
-    """
-    if not cache_dir.is_dir():
-        raise NotAnInductorCacheError(f"{cache_dir}: not a directory")
-    items: list[_Item] = []
-    problems: list[Problem] = []
-    ignored = 0
-    looks_like_cache = False
-    for path, rel, entry in _walk(os.fspath(cache_dir)):
+def _classify(root: str, scanner: _Scanner) -> Iterator[_Item]:
+    """The files under ``root`` cachedb imports, in walk order; problems, ignored files and
+    whether the directory looks like an Inductor cache are noted on ``scanner``."""
+    problems = scanner.problems
+    for path, rel, entry in _walk(root):
         parts = rel.split("/")
         name = parts[-1]
         if parts[0] in ("fxgraph", "aotautograd", "cache"):
-            looks_like_cache = True
+            scanner.looks_like_cache = True
         if name.startswith("."):  # write_atomic temporaries; Inductor skips them too
-            ignored += 1
+            scanner.ignored += 1
             continue
         try:
             size = entry.stat().st_size
@@ -186,41 +187,123 @@ def scan(cache_dir: Path) -> tuple[list[_Item], list[Problem], int]:
         if top == "triton":
             # triton/<device>/<key>/<file>; Triton's own temporaries are tmp.pid_* directories.
             if len(parts) == 4 and not parts[2].startswith("tmp.") and name != "lock":
-                looks_like_cache = True
-                items.append(_Item("triton", path, rel, size))
+                scanner.looks_like_cache = True
+                yield _Item("triton", path, rel, size)
             else:
-                ignored += 1
+                scanner.ignored += 1
         elif top == "fxgraph":
             if len(parts) == 4 and parts[2].startswith("f") and parts[2][1:3] == parts[1]:
-                items.append(_Item("fxgraph", path, rel, size))
+                yield _Item("fxgraph", path, rel, size)
             else:
                 problems.append(Problem(rel, "unexpected name: expected fxgraph/<key[1:3]>/<key>/<variant>"))
         elif top == "aotautograd":
             if len(parts) == 3 and parts[1].startswith("a"):
-                items.append(_Item("aotautograd", path, rel, size))
+                yield _Item("aotautograd", path, rel, size)
             else:
                 problems.append(Problem(rel, "unexpected name: expected aotautograd/<key>/<variant>"))
         elif top == "cache" and len(parts) == 2:
             if _SYSTEM_HASH.fullmatch(name):
-                items.append(_Item("cache", path, rel, size))
+                yield _Item("cache", path, rel, size)
             else:
                 problems.append(Problem(rel, "unexpected name: expected cache/<64-hex system hash>"))
         elif name.endswith(".best_config"):
-            looks_like_cache = True
-            items.append(_Item("best_config", path, rel, size))
+            scanner.looks_like_cache = True
+            yield _Item("best_config", path, rel, size)
         elif len(parts) == 1 and _CUTLASS_FILE.fullmatch(name):
-            looks_like_cache = True
-            items.append(_Item("cutlass", path, rel, size))
+            scanner.looks_like_cache = True
+            yield _Item("cutlass", path, rel, size)
         elif len(parts) == 2 and name.endswith(".so") and len(name) > 4 and name[1:3] == parts[0]:
-            items.append(_Item("cpp", path, rel, size))
+            yield _Item("cpp", path, rel, size)
         else:
-            ignored += 1
-    if not looks_like_cache:
-        raise NotAnInductorCacheError(
-            f"{cache_dir}: not an Inductor cache directory (no fxgraph/, aotautograd/, cache/, "
-            "triton/, *.best_config or configs_*.json)"
-        )
-    return items, problems, ignored
+            scanner.ignored += 1
+
+
+class _Scanner:
+    """The walk of a cache directory, classified (:func:`_classify`) and cut into batches (at
+    most :data:`_BATCH_FILES` files or :data:`_BATCH_BYTES` bytes; a CUTLASS op list ends its
+    batch) as it goes, so that worker processes can check the first batches while the rest of
+    the directory is walked.
+
+    Raises :class:`~cachedb.NotAnInductorCacheError` (at construction if ``cache_dir`` is not a
+    directory; from :meth:`finish` if the walk found none of the files an Inductor cache holds).
+    """
+
+    def __init__(self, cache_dir: Path) -> None:
+        if not cache_dir.is_dir():
+            raise NotAnInductorCacheError(f"{cache_dir}: not a directory")
+        self.cache_dir = cache_dir
+        self.problems: list[Problem] = []
+        self.ignored = 0
+        self.looks_like_cache = False
+        #: bytes (from stat) and guarded entry files of the files classified so far
+        self.total_bytes = 0
+        self.guarded_files = 0
+        #: the walk has ended (every file is in a batch)
+        self.done = False
+        self._items = _classify(os.fspath(cache_dir), self)
+        self._ready: deque[list[_Item]] = deque()
+        self._batch: list[_Item] = []
+        self._batch_bytes = 0
+
+    def _step(self) -> None:
+        """Classify one more file (or end the walk), cutting a batch when it is full."""
+        item = next(self._items, None)
+        if item is None:
+            self.done = True
+            if self._batch:
+                self._ready.append(self._batch)
+                self._batch = []
+            return
+        self._batch.append(item)
+        self._batch_bytes += item.size
+        self.total_bytes += item.size
+        if item.kind in _GUARDED_KINDS:
+            self.guarded_files += 1
+        if len(self._batch) >= _BATCH_FILES or self._batch_bytes >= _BATCH_BYTES or item.kind == "cutlass":
+            self._ready.append(self._batch)
+            self._batch, self._batch_bytes = [], 0
+
+    def walk_until(self, guarded_files: int) -> None:
+        """Walk on until ``guarded_files`` guarded entry files were found or the walk ended."""
+        while not self.done and self.guarded_files < guarded_files:
+            self._step()
+
+    def finish(self) -> None:
+        """Walk to the end. Raises :class:`~cachedb.NotAnInductorCacheError` (see the class)."""
+        while not self.done:
+            self._step()
+        if not self.looks_like_cache:
+            raise NotAnInductorCacheError(
+                f"{self.cache_dir}: not an Inductor cache directory (no fxgraph/, aotautograd/, cache/, "
+                "triton/, *.best_config or configs_*.json)"
+            )
+
+    def batches(self) -> Iterator[list[_Item]]:
+        """The batches in walk order, walking on as they are asked for."""
+        while True:
+            if self._ready:
+                yield self._ready.popleft()
+            elif self.done:
+                return
+            else:
+                self._step()
+
+
+def scan(cache_dir: Path) -> tuple[list[_Item], list[Problem], int]:
+    """Classify every file under ``cache_dir``: ``(items, problems, ignored count)``.
+
+    Raises :class:`~cachedb.NotAnInductorCacheError` if ``cache_dir`` is not a directory or
+    holds none of the files an Inductor cache holds.
+    """
+    scanner = _Scanner(cache_dir)
+    scanner.finish()
+    items = [item for batch in scanner.batches() for item in batch]
+    return items, scanner.problems, scanner.ignored
+
+
+def _bytes_of(items: Sequence[_Item]) -> int:
+    """Bytes (from stat) of ``items``."""
+    return sum(item.size for item in items)
 
 
 def _check_guarded(
@@ -359,6 +442,18 @@ def _store(
             (report.added if added else report.unchanged)[item.kind] += 1
 
 
+@contextmanager
+def _automatic_gc_off() -> Iterator[None]:
+    """Python's automatic garbage collection off for the block (as it was after)."""
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_on:
+            gc.enable()
+
+
 class Importer:
     """Imports cache directories into ``db``.
 
@@ -386,39 +481,55 @@ class Importer:
     def run(
         self, cache_dir: str | os.PathLike[str], *, progress: Callable[[int, int], None] | None = None
     ) -> ImportReport:
-        """Import ``cache_dir``. ``progress(done_bytes, total_bytes)`` is called after each file."""
-        root = Path(cache_dir)
-        items, problems, ignored = scan(root)
-        report = ImportReport(problems=problems, ignored_files=ignored)
-        total = sum(i.size for i in items)
-        batches: list[list[_Item]] = []
-        batch: list[_Item] = []
-        batch_bytes = 0
-        for item in items:
-            batch.append(item)
-            batch_bytes += item.size
-            if len(batch) >= _BATCH_FILES or batch_bytes >= _BATCH_BYTES or item.kind == "cutlass":
-                batches.append(batch)
-                batch, batch_bytes = [], 0
-        if batch:
-            batches.append(batch)
-        guarded = [[i for i in b if i.kind in _GUARDED_KINDS] for b in batches]
-        n_guarded = sum(map(len, guarded))
-        workers = self.workers
-        if workers is None:
-            workers = default_workers() if n_guarded >= _POOL_MIN_FILES else 0
-        elif n_guarded == 0:
-            workers = 0  # nothing for them to check
+        """Import ``cache_dir``. ``progress(done_bytes, total_bytes)`` is called after each batch
+        (at most 256 files) is written, with the bytes of every file the import reads as the
+        total.
+
+        Python's automatic garbage collection is off while it runs (restored after): the walk
+        and the batches allocate hundreds of thousands of short-lived containers, and in a
+        process holding torch each full collection walks torch's millions of objects too. The
+        young generations are collected every :data:`_GC_EVERY_BATCHES` batches instead."""
+        with _automatic_gc_off():
+            return self._run(Path(cache_dir), progress)
+
+    def _run(self, cache_dir: Path, progress: Callable[[int, int], None] | None) -> ImportReport:
+        scanner = _Scanner(cache_dir)
+        # Walk as far as choosing the workers needs: to _POOL_MIN_FILES guarded entry files by
+        # default, else to the first one (none: nothing for workers to check).
+        scanner.walk_until(_POOL_MIN_FILES if self.workers is None else 1)
+        if self.workers is None:
+            workers = default_workers() if scanner.guarded_files >= _POOL_MIN_FILES else 0
+        else:
+            workers = self.workers if scanner.guarded_files else 0
+        if workers == 0:
+            scanner.finish()
+        report = ImportReport(problems=scanner.problems)
+        handed_out: deque[list[_Item]] = deque()
+
+        def guarded_batches() -> Iterator[list[_Item]]:
+            for batch in scanner.batches():
+                handed_out.append(batch)
+                yield [i for i in batch if i.kind in _GUARDED_KINDS]
+
         done = 0
-        # closed here, in this thread, even on an error or Ctrl-C: closing stops the workers
+        # The workers start on the first batches while this thread walks the rest of the
+        # directory (map_in_workers takes batches as it submits them, up to _AHEAD_BYTES ahead);
+        # nothing is written before the walk has ended: the directory is known to be a cache
+        # and ``progress`` gets the final total from its first call.
+        # Closed here, in this thread, even on an error or Ctrl-C: closing stops the workers.
         with closing(map_in_workers(
             partial(_check_guarded_files, contained=True), partial(_check_guarded_files, contained=False),
-            guarded, workers=workers,
+            guarded_batches(), workers=workers, ahead_bytes=_AHEAD_BYTES, weigh=_bytes_of,
         )) as checked:
-            for batch, checked_guarded in zip(batches, checked):
-                done += self._import_batch(batch, checked_guarded, report)
+            for n, checked_guarded in enumerate(checked, 1):
+                scanner.finish()
+                done += self._import_batch(handed_out.popleft(), checked_guarded, report)
+                if n % _GC_EVERY_BATCHES == 0:
+                    gc.collect(1)
                 if progress:
-                    progress(done, total)
+                    progress(done, scanner.total_bytes)
+        scanner.finish()  # a walk with no batch still has to be a cache
+        report.ignored_files = scanner.ignored
         return report
 
     def _import_batch(self, batch: list[_Item], checked_guarded: list[_Checked], report: ImportReport) -> int:
@@ -503,7 +614,7 @@ class Importer:
                         raise
                     report.problems.append(Problem(item.rel, reason))
 
-        return sum(i.size for i in batch)
+        return _bytes_of(batch)
 
     def _import_one(
         self, repos: Repos, item: _Item, data: bytes, fp_id: int | None, report: ImportReport

@@ -14,8 +14,10 @@ import pytest
 from sqlalchemy import text
 
 import cachedb._import_pool as import_pool
+import cachedb.importer as importer
+import cachedb
 from cachedb import CacheDB
-from cachedb.importer import ImportReport, Importer
+from cachedb.importer import ImportReport, Importer, scan
 from cachedb.keys import sha256_hash
 
 _COLUMNS = "kind, key, variant, guards_expr, guards_known, guards_note, time_taken_ns, size_bytes, checksum"
@@ -117,3 +119,70 @@ def test_a_pickle_that_breaks_a_worker_costs_no_entry(
     assert hostile_row[4] is False and "not a cache entry object" in hostile_row[5]  # guards unknown, and why
     assert hostile_row[-1] == data
     assert report.added["fxgraph"] == len(list((cache_dir / "fxgraph").glob("*/*/*")))
+
+
+def _batch_sum(batch: list[int]) -> int:
+    return sum(batch)
+
+
+@pytest.mark.parametrize(("weight", "taken_at_first_result"), [(100, 11), (2_000, 5)])
+def test_batches_are_taken_ahead_by_their_weight(weight: int, taken_at_first_result: int) -> None:
+    """Light batches are taken (and sent to the workers) past the default two per worker, up to
+    ``ahead_bytes`` in flight; heavy ones only two per worker. The first result comes once the
+    batch that takes its place went out (10 + 1, 4 + 1). Results stay in order."""
+    taken: list[int] = []
+
+    def batches():
+        for i in range(20):
+            taken.append(i)
+            yield [i]
+
+    results = import_pool.map_in_workers(_batch_sum, _batch_sum, batches(), workers=2, ahead_bytes=1_000,
+                                         weigh=lambda batch: weight)
+    assert next(results) == 0
+    assert len(taken) == taken_at_first_result
+    assert list(results) == list(range(1, 20))
+    assert len(taken) == 20
+
+
+def test_progress_knows_the_whole_walk_from_its_first_call(
+    real_cache: tuple[Path, dict], db: CacheDB, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With workers, the walk goes on while they check the first batches; nothing is written
+    (and ``progress`` is not called) before it ended: every call has the final total. Batches
+    of 3 files, none ahead by weight: the walk is far from done when the first result is in."""
+    monkeypatch.setattr(importer, "_BATCH_FILES", 3)
+    monkeypatch.setattr(importer, "_AHEAD_BYTES", 0)
+    cache_dir, _ = real_cache
+    items, _, _ = scan(cache_dir)
+    calls: list[tuple[int, int]] = []
+    report = Importer(db, workers=2).run(cache_dir, progress=lambda done, total: calls.append((done, total)))
+    assert report.problems == []
+    total = sum(item.size for item in items)
+    assert calls and {t for _, t in calls} == {total}
+    dones = [d for d, _ in calls]
+    assert len(calls) > 5 and dones == sorted(dones) and dones[-1] == total
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_an_import_leaves_automatic_gc_as_it_found_it(real_cache: tuple[Path, dict], db: CacheDB,
+                                                      tmp_path: Path, enabled: bool) -> None:
+    """Automatic collection is off while an import runs and as it was after, also when the
+    import fails (a directory that is not an Inductor cache)."""
+    import gc
+
+    not_a_cache = tmp_path / "notes"
+    not_a_cache.mkdir()
+    (not_a_cache / "readme.txt").write_text("hello")
+    seen: list[bool] = []
+    was = gc.isenabled()
+    try:
+        (gc.enable if enabled else gc.disable)()
+        Importer(db, workers=0).run(real_cache[0], progress=lambda done, total: seen.append(gc.isenabled()))
+        assert gc.isenabled() is enabled
+        with pytest.raises(cachedb.NotAnInductorCacheError):
+            Importer(db).run(not_a_cache)
+        assert gc.isenabled() is enabled
+    finally:
+        (gc.enable if was else gc.disable)()
+    assert seen and not any(seen)
