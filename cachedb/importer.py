@@ -27,9 +27,7 @@ from __future__ import annotations
 
 import gc
 import hashlib
-import operator
 import os
-import re
 from collections import Counter, deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import closing, contextmanager
@@ -39,12 +37,13 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from . import _local_cache_doc as doc
-from ._errors import input_error_reason, BadInputError, NotAnInductorCacheError
+from ._errors import input_error_reason, BadInputError
 from .cutlass_ops import infer_arch, parse_op_list
 from .db import CacheDB, Repos
 from ._signing import Signer
 from .fingerprint import Fingerprint
 from ._import_pool import default_workers, map_in_workers
+from ._import_walk import CUTLASS_FILE, GUARDED_KINDS, Item, Problem, Scanner, bytes_of, scan
 from ._own_pickle import read_own_entry_fields
 from ._payload import Packed, pack
 from ._pickle_scan import EntryFields, read_entry_fields
@@ -53,21 +52,17 @@ from .repositories.best_configs import prepare_columns
 from .repositories.guarded import ScannedPayload
 from .repositories.timings import next_position
 
+__all__ = ["KINDS", "ImportReport", "Importer", "Problem", "scan"]
+
 #: Kinds of files, as counted in reports.
 KINDS = (
     "fxgraph", "aotautograd", "autotune_timings", "local_cache_values", "best_config", "cutlass_op_list",
     "triton_kernel_file", "cpp_kernel",
 )
 
-_SYSTEM_HASH = re.compile(r"[0-9a-f]{64}")
-_CUTLASS_FILE = re.compile(r"configs_([0-9a-zA-Z]+)\.json")
-#: Files written per transaction: bounds memory and lock time on large imports.
-_BATCH_FILES = 256
-_BATCH_BYTES = 256 << 20
 #: Guarded entry files from which an import checks them in worker processes
 #: (:mod:`cachedb._import_pool`); fewer are checked in-process (starting workers costs more).
 _POOL_MIN_FILES = 1024
-_GUARDED_KINDS = ("fxgraph", "aotautograd")
 #: Bytes of guarded entry files the workers may check ahead of the writer (they start while the
 #: directory is still being walked): more batches than the pool's default two per worker when
 #: they are small, bounding the memory their results hold (payload and compressed copy).
@@ -76,14 +71,6 @@ _AHEAD_BYTES = 64 << 20
 #: import runs with automatic collection off (:meth:`Importer.run`): the reference cycles a
 #: batch leaves (a session and its transaction) are freed within that many.
 _GC_EVERY_BATCHES = 16
-
-
-@dataclass(frozen=True, slots=True)
-class Problem:
-    """A file that was not imported: its path and why."""
-
-    path: str
-    reason: str
 
 
 @dataclass
@@ -97,54 +84,6 @@ class ImportReport:
     notes: list[Problem] = field(default_factory=list)
     ignored_files: int = 0
     bytes_read: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class _Item:
-    kind: str  # "fxgraph" | "aotautograd" | "cache" | "best_config" | "cutlass" | "triton" | "cpp"
-    full: str  # the file's path (str: pathlib's parsing costs more than reading a small file)
-    rel: str
-    size: int
-
-    @property
-    def path(self) -> Path:
-        return Path(self.full)
-
-
-_NAME = operator.attrgetter("name")
-
-
-def _walk(root: str) -> Iterator[tuple[str, str, os.DirEntry[str]]]:
-    """``(path, relative posix path, entry)`` of every non-directory under ``root``, as
-    ``os.walk`` (sorted names, a directory's files before its subdirectories) lists them: symbolic
-    links to directories are not followed, unreadable directories are skipped."""
-    stack: list[tuple[str, str]] = [(root, "")]
-    while stack:
-        top, rel = stack.pop()
-        try:
-            with os.scandir(top) as it:
-                entries = list(it)
-        except OSError:
-            continue
-        files: list[os.DirEntry[str]] = []
-        dirs: list[os.DirEntry[str]] = []
-        for entry in entries:
-            try:
-                is_dir = entry.is_dir()
-            except OSError:
-                is_dir = False
-            (dirs if is_dir else files).append(entry)
-        files.sort(key=_NAME)
-        for entry in files:
-            yield entry.path, rel + entry.name, entry
-        dirs.sort(key=_NAME, reverse=True)  # popped last-first: walked in sorted order
-        for entry in dirs:
-            try:
-                if entry.is_symlink():
-                    continue
-            except OSError:
-                continue
-            stack.append((entry.path, rel + entry.name + "/"))
 
 
 _O_READ = os.O_RDONLY | getattr(os, "O_BINARY", 0)
@@ -166,148 +105,8 @@ def _read(path: str, size: int) -> bytes:
         os.close(fd)
 
 
-def _classify(root: str, scanner: _Scanner) -> Iterator[_Item]:
-    """The files under ``root`` cachedb imports, in walk order; problems, ignored files and
-    whether the directory looks like an Inductor cache are noted on ``scanner``."""
-    problems = scanner.problems
-    for path, rel, entry in _walk(root):
-        parts = rel.split("/")
-        name = parts[-1]
-        if parts[0] in ("fxgraph", "aotautograd", "cache"):
-            scanner.looks_like_cache = True
-        if name.startswith("."):  # write_atomic temporaries; Inductor skips them too
-            scanner.ignored += 1
-            continue
-        try:
-            size = entry.stat().st_size
-        except OSError as exc:
-            problems.append(Problem(rel, f"cannot stat: {exc}"))
-            continue
-        top = parts[0]
-        if top == "triton":
-            # triton/<device>/<key>/<file>; Triton's own temporaries are tmp.pid_* directories.
-            if len(parts) == 4 and not parts[2].startswith("tmp.") and name != "lock":
-                scanner.looks_like_cache = True
-                yield _Item("triton", path, rel, size)
-            else:
-                scanner.ignored += 1
-        elif top == "fxgraph":
-            if len(parts) == 4 and parts[2].startswith("f") and parts[2][1:3] == parts[1]:
-                yield _Item("fxgraph", path, rel, size)
-            else:
-                problems.append(Problem(rel, "unexpected name: expected fxgraph/<key[1:3]>/<key>/<variant>"))
-        elif top == "aotautograd":
-            if len(parts) == 3 and parts[1].startswith("a"):
-                yield _Item("aotautograd", path, rel, size)
-            else:
-                problems.append(Problem(rel, "unexpected name: expected aotautograd/<key>/<variant>"))
-        elif top == "cache" and len(parts) == 2:
-            if _SYSTEM_HASH.fullmatch(name):
-                yield _Item("cache", path, rel, size)
-            else:
-                problems.append(Problem(rel, "unexpected name: expected cache/<64-hex system hash>"))
-        elif name.endswith(".best_config"):
-            scanner.looks_like_cache = True
-            yield _Item("best_config", path, rel, size)
-        elif len(parts) == 1 and _CUTLASS_FILE.fullmatch(name):
-            scanner.looks_like_cache = True
-            yield _Item("cutlass", path, rel, size)
-        elif len(parts) == 2 and name.endswith(".so") and len(name) > 4 and name[1:3] == parts[0]:
-            yield _Item("cpp", path, rel, size)
-        else:
-            scanner.ignored += 1
-
-
-class _Scanner:
-    """The walk of a cache directory, classified (:func:`_classify`) and cut into batches (at
-    most :data:`_BATCH_FILES` files or :data:`_BATCH_BYTES` bytes; a CUTLASS op list ends its
-    batch) as it goes, so that worker processes can check the first batches while the rest of
-    the directory is walked.
-
-    Raises :class:`~cachedb.NotAnInductorCacheError` (at construction if ``cache_dir`` is not a
-    directory; from :meth:`finish` if the walk found none of the files an Inductor cache holds).
-    """
-
-    def __init__(self, cache_dir: Path) -> None:
-        if not cache_dir.is_dir():
-            raise NotAnInductorCacheError(f"{cache_dir}: not a directory")
-        self.cache_dir = cache_dir
-        self.problems: list[Problem] = []
-        self.ignored = 0
-        self.looks_like_cache = False
-        #: bytes (from stat) and guarded entry files of the files classified so far
-        self.total_bytes = 0
-        self.guarded_files = 0
-        #: the walk has ended (every file is in a batch)
-        self.done = False
-        self._items = _classify(os.fspath(cache_dir), self)
-        self._ready: deque[list[_Item]] = deque()
-        self._batch: list[_Item] = []
-        self._batch_bytes = 0
-
-    def _step(self) -> None:
-        """Classify one more file (or end the walk), cutting a batch when it is full."""
-        item = next(self._items, None)
-        if item is None:
-            self.done = True
-            if self._batch:
-                self._ready.append(self._batch)
-                self._batch = []
-            return
-        self._batch.append(item)
-        self._batch_bytes += item.size
-        self.total_bytes += item.size
-        if item.kind in _GUARDED_KINDS:
-            self.guarded_files += 1
-        if len(self._batch) >= _BATCH_FILES or self._batch_bytes >= _BATCH_BYTES or item.kind == "cutlass":
-            self._ready.append(self._batch)
-            self._batch, self._batch_bytes = [], 0
-
-    def walk_until(self, guarded_files: int) -> None:
-        """Walk on until ``guarded_files`` guarded entry files were found or the walk ended."""
-        while not self.done and self.guarded_files < guarded_files:
-            self._step()
-
-    def finish(self) -> None:
-        """Walk to the end. Raises :class:`~cachedb.NotAnInductorCacheError` (see the class)."""
-        while not self.done:
-            self._step()
-        if not self.looks_like_cache:
-            raise NotAnInductorCacheError(
-                f"{self.cache_dir}: not an Inductor cache directory (no fxgraph/, aotautograd/, cache/, "
-                "triton/, *.best_config or configs_*.json)"
-            )
-
-    def batches(self) -> Iterator[list[_Item]]:
-        """The batches in walk order, walking on as they are asked for."""
-        while True:
-            if self._ready:
-                yield self._ready.popleft()
-            elif self.done:
-                return
-            else:
-                self._step()
-
-
-def scan(cache_dir: Path) -> tuple[list[_Item], list[Problem], int]:
-    """Classify every file under ``cache_dir``: ``(items, problems, ignored count)``.
-
-    Raises :class:`~cachedb.NotAnInductorCacheError` if ``cache_dir`` is not a directory or
-    holds none of the files an Inductor cache holds.
-    """
-    scanner = _Scanner(cache_dir)
-    scanner.finish()
-    items = [item for batch in scanner.batches() for item in batch]
-    return items, scanner.problems, scanner.ignored
-
-
-def _bytes_of(items: Sequence[_Item]) -> int:
-    """Bytes (from stat) of ``items``."""
-    return sum(item.size for item in items)
-
-
 def _check_guarded(
-    item: _Item, data: bytes, reader: Callable[..., EntryFields] = read_entry_fields
+    item: Item, data: bytes, reader: Callable[..., EntryFields] = read_entry_fields
 ) -> Problem | ScannedPayload:
     """A guarded entry file ready to store, or why it cannot be imported: its name must be
     ``sha256_hash`` of its bytes (as Inductor names it) and its pickle must scan (``reader``:
@@ -343,7 +142,7 @@ def _check_guarded(
 _Checked = tuple[Any, ...]
 
 
-def _check_guarded_files(items: Sequence[_Item], *, contained: bool) -> list[_Checked]:
+def _check_guarded_files(items: Sequence[Item], *, contained: bool) -> list[_Checked]:
     """Read and check guarded entry files (:func:`_check_guarded`), one :data:`_Checked` per
     file.
 
@@ -377,7 +176,7 @@ def _check_guarded_files(items: Sequence[_Item], *, contained: bool) -> list[_Ch
     return out
 
 
-def _decode_checked(item: _Item, checked: _Checked) -> Problem | ScannedPayload:
+def _decode_checked(item: Item, checked: _Checked) -> Problem | ScannedPayload:
     """The :data:`_Checked` of ``item`` as the repository takes it."""
     if len(checked) == 2:
         return Problem(item.rel, checked[1])
@@ -387,7 +186,7 @@ def _decode_checked(item: _Item, checked: _Checked) -> Problem | ScannedPayload:
     return ScannedPayload(item.kind, item.rel.split("/")[-2], data, digest, variant, fields, packed)
 
 
-def _check_best_config(item: _Item, data: bytes, signer: Signer | None) -> Problem | tuple[str, str, dict[str, Any]]:
+def _check_best_config(item: Item, data: bytes, signer: Signer | None) -> Problem | tuple[str, str, dict[str, Any]]:
     """``(key, content, columns)`` of a best config file ready to store
     (:meth:`~cachedb.repositories.best_configs.BestConfigRepository.put_many`), or why it cannot
     be imported (not UTF-8, not a JSON object, ...)."""
@@ -409,7 +208,7 @@ _V = TypeVar("_V")
 
 def _store(
     repos: Repos,
-    checked: list[tuple[_Item, _V]],
+    checked: list[tuple[Item, _V]],
     report: ImportReport,
     store_many: Callable[[Sequence[_V]], list[bool]],
     store_one: Callable[[_V], bool],
@@ -493,7 +292,7 @@ class Importer:
             return self._run(Path(cache_dir), progress)
 
     def _run(self, cache_dir: Path, progress: Callable[[int, int], None] | None) -> ImportReport:
-        scanner = _Scanner(cache_dir)
+        scanner = Scanner(cache_dir)
         # Walk as far as choosing the workers needs: to _POOL_MIN_FILES guarded entry files by
         # default, else to the first one (none: nothing for workers to check).
         scanner.walk_until(_POOL_MIN_FILES if self.workers is None else 1)
@@ -504,12 +303,12 @@ class Importer:
         if workers == 0:
             scanner.finish()
         report = ImportReport(problems=scanner.problems)
-        handed_out: deque[list[_Item]] = deque()
+        handed_out: deque[list[Item]] = deque()
 
-        def guarded_batches() -> Iterator[list[_Item]]:
+        def guarded_batches() -> Iterator[list[Item]]:
             for batch in scanner.batches():
                 handed_out.append(batch)
-                yield [i for i in batch if i.kind in _GUARDED_KINDS]
+                yield [i for i in batch if i.kind in GUARDED_KINDS]
 
         done = 0
         # The workers start on the first batches while this thread walks the rest of the
@@ -519,7 +318,7 @@ class Importer:
         # Closed here, in this thread, even on an error or Ctrl-C: closing stops the workers.
         with closing(map_in_workers(
             partial(_check_guarded_files, contained=True), partial(_check_guarded_files, contained=False),
-            guarded_batches(), workers=workers, ahead_bytes=_AHEAD_BYTES, weigh=_bytes_of,
+            guarded_batches(), workers=workers, ahead_bytes=_AHEAD_BYTES, weigh=bytes_of,
         )) as checked:
             for n, checked_guarded in enumerate(checked, 1):
                 scanner.finish()
@@ -532,18 +331,18 @@ class Importer:
         report.ignored_files = scanner.ignored
         return report
 
-    def _import_batch(self, batch: list[_Item], checked_guarded: list[_Checked], report: ImportReport) -> int:
+    def _import_batch(self, batch: list[Item], checked_guarded: list[_Checked], report: ImportReport) -> int:
         """One transaction per batch. Guarded entries come checked (:func:`_check_guarded_files`:
         name = ``sha256_hash`` of the bytes, pickle scannable), best configs (UTF-8 JSON
         objects) are checked before the transaction; both are written in bulk (:meth:`_store`);
         the other files go one by one, each in a savepoint so a bad one leaves the rest.
         Returns the bytes the batch's files hold (from their stat)."""
-        guarded: list[tuple[_Item, ScannedPayload]] = []
-        best: list[tuple[_Item, tuple[str, str, dict[str, Any]]]] = []
-        others: list[tuple[_Item, bytes]] = []
+        guarded: list[tuple[Item, ScannedPayload]] = []
+        best: list[tuple[Item, tuple[str, str, dict[str, Any]]]] = []
+        others: list[tuple[Item, bytes]] = []
         kernels: dict[tuple[str, str], list[tuple[str, bytes]]] = {}
         signer = self.db.signer
-        guarded_items = [item for item in batch if item.kind in _GUARDED_KINDS]
+        guarded_items = [item for item in batch if item.kind in GUARDED_KINDS]
         for item, checked in zip(guarded_items, checked_guarded, strict=True):
             report.bytes_read += checked[0]
             scanned = _decode_checked(item, checked)
@@ -553,7 +352,7 @@ class Importer:
                 guarded.append((item, scanned))
         for item in batch:
             kind = item.kind
-            if kind in _GUARDED_KINDS:
+            if kind in GUARDED_KINDS:
                 continue
             try:
                 data = _read(item.full, item.size)
@@ -614,21 +413,21 @@ class Importer:
                         raise
                     report.problems.append(Problem(item.rel, reason))
 
-        return _bytes_of(batch)
+        return bytes_of(batch)
 
     def _import_one(
-        self, repos: Repos, item: _Item, data: bytes, fp_id: int | None, report: ImportReport
+        self, repos: Repos, item: Item, data: bytes, fp_id: int | None, report: ImportReport
     ) -> None:
         if item.kind == "cache":
             self._import_local_cache(repos, item, data, report)
         elif item.kind == "cutlass":
-            match = _CUTLASS_FILE.fullmatch(item.rel)
+            match = CUTLASS_FILE.fullmatch(item.rel)
             assert match is not None
             rows = parse_op_list(data, where=item.rel)
             added = repos.cutlass.put(match.group(1), data, rows, arch=infer_arch(rows))
             (report.added if added else report.unchanged)["cutlass_op_list"] += 1
 
-    def _import_local_cache(self, repos: Repos, item: _Item, data: bytes, report: ImportReport) -> None:
+    def _import_local_cache(self, repos: Repos, item: Item, data: bytes, report: ImportReport) -> None:
         system, cache = doc.parse(data, where=item.rel)
         if system["hash"] != item.path.name:
             raise BadInputError(item.rel, f"system hash {system['hash']!r} does not match the file name")

@@ -14,6 +14,7 @@ import pytest
 from sqlalchemy import text
 
 import cachedb._import_pool as import_pool
+import cachedb._import_walk as import_walk
 import cachedb.importer as importer
 import cachedb
 from cachedb import CacheDB
@@ -151,7 +152,7 @@ def test_progress_knows_the_whole_walk_from_its_first_call(
     """With workers, the walk goes on while they check the first batches; nothing is written
     (and ``progress`` is not called) before it ended: every call has the final total. Batches
     of 3 files, none ahead by weight: the walk is far from done when the first result is in."""
-    monkeypatch.setattr(importer, "_BATCH_FILES", 3)
+    monkeypatch.setattr(import_walk, "BATCH_FILES", 3)
     monkeypatch.setattr(importer, "_AHEAD_BYTES", 0)
     cache_dir, _ = real_cache
     items, _, _ = scan(cache_dir)
@@ -186,3 +187,4 @@ def test_an_import_leaves_automatic_gc_as_it_found_it(real_cache: tuple[Path, di
     finally:
         (gc.enable if was else gc.disable)()
     assert seen and not any(seen)
+
