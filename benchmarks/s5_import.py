@@ -47,7 +47,7 @@ _GROUPS = [
 #: Cumulative time of these (label, file-name suffix, function name) is reported as a share of
 #: the whole profiled import: the steps of ``Importer.run``.
 _STEPS = [
-    ("scan (walk + stat every file)", "cachedb/importer.py", "scan"),
+    ("walk (scandir + stat every file, classify; cachedb/_import_walk.py)", "cachedb/_import_walk.py", "_classify"),
     ("Importer._import_batch (per batch: read, check, write)", "cachedb/importer.py", "_import_batch"),
     ("_check_guarded (name check + pickle scan)", "cachedb/importer.py", "_check_guarded"),
     ("read_entry_fields (pickle opcode scan)", "cachedb/_pickle_scan.py", "read_entry_fields"),

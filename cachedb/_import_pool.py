@@ -110,26 +110,24 @@ def map_in_workers(
     pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("fork"),
                                initializer=_init_worker)
     pending: deque[tuple[_B, Future[_R], int]] = deque()
-    in_flight = [0]  # the weight of the pending batches
-
-    def room() -> bool:
-        return len(pending) < ahead or (len(pending) < most_ahead and in_flight[0] < ahead_bytes)
+    in_flight = 0  # the weight of the pending batches
 
     def submit() -> None:
-        while room():
+        nonlocal in_flight
+        while len(pending) < ahead or (len(pending) < most_ahead and in_flight < ahead_bytes):
             batch = next(it, _END)
             if batch is _END:
                 return
             weight = weigh(batch) if weigh is not None else 0
             pending.append((batch, pool.submit(_watched, work, stall_s, batch), weight))  # type: ignore[arg-type]
-            in_flight[0] += weight
+            in_flight += weight
 
     failed: list[_B] = []
     try:
         submit()
         while pending:
             batch, future, weight = pending.popleft()
-            in_flight[0] -= weight
+            in_flight -= weight
             try:
                 result = future.result(timeout=2 * stall_s)
             except Exception as exc:  # noqa: BLE001 - dead, stalled or failing worker: fall back
