@@ -7,8 +7,8 @@ to ``fxgraph/<k[1:3]>/<key>/<sha256_hash(content)>``) and
 
 cachedb (repositories), as a caller must do it: put = ``read_entry_fields`` (the guards
 expression and compile time, read from the pickle's opcodes) + one
-``CacheDB.transaction()`` around ``repos.guarded.put(...)`` (SHA-256 name, zstd level 3,
-checksum, insert); get = one ``CacheDB.read()`` around ``repos.guarded.candidates(...)``
+``CacheDB.transaction()`` around ``repos.guarded.put(...)`` (SHA-256 name, zstd at level 3
+below 1 MiB and 1 from it, or at ``CACHEDB_COMPRESSION_LEVEL``, checksum, insert); get = one ``CacheDB.read()`` around ``repos.guarded.candidates(...)``
 (decompress, verify) + ``pickle.loads`` of each variant, as Inductor unpickles candidates.
 
 cachedb (live): the same two ``FxGraphCache`` calls inside ``cachedb.installed(db)``, measured
@@ -184,7 +184,7 @@ def run(ctx: Context) -> SectionResult:
             frame = _payload.pack(payloads[0]).blob
             unzstd_s = _median_s(lambda: zstandard.ZstdDecompressor().decompress(frame))
             unpickle_s = _median_s(lambda: pickle.loads(payloads[0]))
-            level = _payload.ZSTD_LEVEL_LARGE if len(payloads[0]) >= _payload.LARGE_PAYLOAD_BYTES else _payload.ZSTD_LEVEL
+            level = _payload.compression_level(len(payloads[0]))  # CACHEDB_COMPRESSION_LEVEL, else by size
             db.close()
         del payloads
 

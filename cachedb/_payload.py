@@ -22,6 +22,7 @@ the SHA-256 of the content instead.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import struct
 import threading
@@ -30,6 +31,8 @@ from dataclasses import dataclass
 import zstandard
 
 from ._errors import CorruptPayloadError
+
+log = logging.getLogger("cachedb")
 
 #: zstd level for stored payloads: level 3 shrinks CPU entries ~4x and GPU entries ~10x.
 ZSTD_LEVEL = 3
@@ -44,6 +47,40 @@ LARGE_PAYLOAD_BYTES = 1 << 20
 #: entry in 32 ms with 2 workers vs 50 ms with none, the same ratio (3.65x); one zstd frame
 #: either way.
 ZSTD_THREADS_LARGE = max(1, min(4, os.cpu_count() or 1))
+
+#: Environment variable: the zstd level of every payload this process writes, as ccache's
+#: ``compression_level``. Unset or 0: :data:`ZSTD_LEVEL` / :data:`ZSTD_LEVEL_LARGE` by size.
+#: Negative levels (zstd's ``--fast=N`` is level -N) trade bytes for speed: at -1000 a payload
+#: is stored as it is (ratio 1.0), still in a zstd frame with its content checksum. Readers
+#: take any level; the setting changes what is written, never what can be read.
+LEVEL_ENV = "CACHEDB_COMPRESSION_LEVEL"
+
+_level_setting: tuple[str | None, int | None] = (None, None)  # (raw value, parsed level)
+
+
+def compression_level(size_bytes: int) -> int:
+    """The zstd level :func:`pack` uses for a payload of ``size_bytes`` bytes: the integer in
+    :data:`LEVEL_ENV` when it is set, non-zero and at most zstd's maximum (22), else
+    :data:`ZSTD_LEVEL` below :data:`LARGE_PAYLOAD_BYTES` and :data:`ZSTD_LEVEL_LARGE` from it.
+    A value that is not such an integer is logged once (naming the variable and the value)
+    and the defaults are used: a bad setting never fails a write."""
+    global _level_setting
+    raw = os.environ.get(LEVEL_ENV)
+    if raw != _level_setting[0]:
+        level: int | None = None
+        if raw is not None and raw.strip():
+            try:
+                level = int(raw)
+                if level > zstandard.MAX_COMPRESSION_LEVEL:
+                    raise ValueError(f"above zstd's maximum level {zstandard.MAX_COMPRESSION_LEVEL}")
+            except ValueError as exc:
+                log.warning("%s=%r is not a zstd level (%s); payloads use the default levels", LEVEL_ENV, raw, exc)
+                level = None
+        _level_setting = (raw, level or None)
+    chosen = _level_setting[1]
+    if chosen is not None:
+        return chosen
+    return ZSTD_LEVEL_LARGE if size_bytes >= LARGE_PAYLOAD_BYTES else ZSTD_LEVEL
 
 #: The header of the skippable frame that ends a format-2 payload: zstd's first skippable
 #: magic number and the frame's length (32: a SHA-256 digest), little-endian.
@@ -67,7 +104,7 @@ def checksum(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-_COMPRESSOR = threading.local()  # single-threaded contexts, one per thread
+_COMPRESSOR = threading.local()  # (level, single-threaded context), one per thread
 
 
 class _LargeCompressor:
@@ -84,14 +121,16 @@ class _LargeCompressor:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._compressor: zstandard.ZstdCompressor | None = None
+        self._level = ZSTD_LEVEL_LARGE
 
-    def compress(self, data: bytes) -> bytes:
+    def compress(self, data: bytes, level: int) -> bytes:
         with self._lock:
-            if self._compressor is None:
+            if self._compressor is None or self._level != level:
+                self._compressor = None  # frees the one of the other level (joins its workers)
                 self._compressor = zstandard.ZstdCompressor(
-                    level=ZSTD_LEVEL_LARGE, write_content_size=True, write_checksum=True,
-                    threads=ZSTD_THREADS_LARGE,
+                    level=level, write_content_size=True, write_checksum=True, threads=ZSTD_THREADS_LARGE
                 )
+                self._level = level
             return self._compressor.compress(data)  # type: ignore[no-any-return]
 
     def forget_in_child(self) -> None:
@@ -108,19 +147,20 @@ if hasattr(os, "register_at_fork"):
 
 def pack(data: bytes, *, digest: bytes | None = None) -> Packed:
     """Compress ``data`` (bytes) into a format-2 payload: a zstd frame recording its content
-    size and XXH64 checksum, at :data:`ZSTD_LEVEL` (:data:`ZSTD_LEVEL_LARGE` with
-    :data:`ZSTD_THREADS_LARGE` workers from :data:`LARGE_PAYLOAD_BYTES` on), then the
-    skippable frame holding its SHA-256 digest. ``digest``: that digest (32 bytes) when the
-    caller already has it (saves hashing twice)."""
+    size and XXH64 checksum, at :func:`compression_level` (with :data:`ZSTD_THREADS_LARGE`
+    workers from :data:`LARGE_PAYLOAD_BYTES` on), then the skippable frame holding its SHA-256
+    digest. ``digest``: that digest (32 bytes) when the caller already has it (saves hashing
+    twice)."""
+    level = compression_level(len(data))
     if len(data) >= LARGE_PAYLOAD_BYTES:
-        frame = _LARGE.compress(data)
+        frame = _LARGE.compress(data, level)
     else:
-        compressor = getattr(_COMPRESSOR, "c", None)
-        if compressor is None:
-            compressor = _COMPRESSOR.c = zstandard.ZstdCompressor(
-                level=ZSTD_LEVEL, write_content_size=True, write_checksum=True
+        made = getattr(_COMPRESSOR, "c", None)
+        if made is None or made[0] != level:
+            made = _COMPRESSOR.c = (
+                level, zstandard.ZstdCompressor(level=level, write_content_size=True, write_checksum=True)
             )
-        frame = compressor.compress(data)
+        frame = made[1].compress(data)
     if digest is None:
         digest = hashlib.sha256(data).digest()
     blob = b"".join((frame, TRAILER_HEADER, digest))

@@ -129,3 +129,74 @@ def test_a_forked_child_compresses_large_payloads() -> None:
         child.kill()
         pytest.fail("the forked child hung compressing a large payload")
     assert child.exitcode == 0 and queue.get(timeout=10) is True
+
+
+@pytest.mark.slow
+def test_the_level_setting_changes_what_is_written_never_what_is_read(
+    real_cache: tuple[Path, dict], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CACHEDB_COMPRESSION_LEVEL sets the zstd level of every payload an import writes: -1000
+    stores a real Inductor cache's FX graph and AOTAutograd entries next to uncompressed
+    (in checked zstd frames), 19 smaller than the default; a process without the setting reads
+    all three databases back to the files' bytes."""
+    from cachedb._payload import LEVEL_ENV
+    from cachedb.importer import Importer, scan
+    from cachedb.stats import collect
+
+    cache_dir, _ = real_cache
+    files = {
+        (item.kind, item.path.parent.name, item.path.name): item.path.read_bytes()
+        for item in scan(cache_dir)[0]
+        if item.kind in ("fxgraph", "aotautograd")
+    }
+    assert files
+    stored: dict[str, dict[str, int]] = {}
+    for setting in ("", "-1000", "19"):
+        monkeypatch.setenv(LEVEL_ENV, setting)
+        db = CacheDB(tmp_path / f"level{setting or 'default'}.db")
+        assert Importer(db, workers=0).run(cache_dir).problems == []
+        with db.read() as repos:
+            rows = [r for r in collect(repos.session) if r["kind"] in ("fxgraph", "aotautograd")]
+        stored[setting] = {"bytes": sum(r["bytes"] for r in rows), "stored": sum(r["stored_bytes"] for r in rows)}
+        db.close()
+    raw = stored[""]["bytes"]
+    assert raw == sum(len(b) for b in files.values())
+    assert stored["-1000"]["stored"] > 0.9 * raw  # next to stored as it is (runs still shrink)
+    assert stored[""]["stored"] < raw / 2
+    assert stored["19"]["stored"] < stored[""]["stored"]
+
+    monkeypatch.delenv(LEVEL_ENV)
+    for setting in ("", "-1000", "19"):
+        db = CacheDB(tmp_path / f"level{setting or 'default'}.db")
+        with db.read() as repos:
+            got = {(e.kind, e.key, e.variant): e.payload for e in repos.guarded.iter_all()}
+        db.close()
+        assert got == files
+
+
+@pytest.mark.parametrize("value", ["fast", "23", "1.5"])
+def test_a_bad_level_setting_is_logged_once_and_the_defaults_are_used(
+    value: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A CACHEDB_COMPRESSION_LEVEL that is not a zstd level never fails a write: one warning
+    naming the variable and the value, then the default levels (0 and unset mean them too)."""
+    from cachedb import _payload
+
+    data = (Path(_payload.__file__).read_bytes() * 40)[:200_000]  # real text, below 1 MiB
+    default = zstandard.ZstdCompressor(level=_payload.ZSTD_LEVEL, write_content_size=True, write_checksum=True)
+    monkeypatch.setenv(_payload.LEVEL_ENV, value)
+    with caplog.at_level("WARNING", logger="cachedb"):
+        blobs = [pack(data).blob for _ in range(3)]
+    warnings = [r.getMessage() for r in caplog.records if _payload.LEVEL_ENV in r.getMessage()]
+    assert len(warnings) == 1 and repr(value) in warnings[0]
+    assert all(b[:-TRAILER_BYTES] == default.compress(data) for b in blobs)
+    monkeypatch.setenv(_payload.LEVEL_ENV, "0")
+    assert _payload.compression_level(len(data)) == _payload.ZSTD_LEVEL
+    monkeypatch.setenv(_payload.LEVEL_ENV, "-7")
+    assert _payload.compression_level(len(data)) == -7
+    assert _payload.compression_level(_payload.LARGE_PAYLOAD_BYTES) == -7
+    fast = pack(data).blob
+    assert fast[:-TRAILER_BYTES] == zstandard.ZstdCompressor(
+        level=-7, write_content_size=True, write_checksum=True
+    ).compress(data)
+    assert unpack(fast, len(data), hashlib.sha256(data).hexdigest(), where="x") == data
