@@ -82,6 +82,7 @@ def compression_level(size_bytes: int) -> int:
         return chosen
     return ZSTD_LEVEL_LARGE if size_bytes >= LARGE_PAYLOAD_BYTES else ZSTD_LEVEL
 
+
 #: The header of the skippable frame that ends a format-2 payload: zstd's first skippable
 #: magic number and the frame's length (32: a SHA-256 digest), little-endian.
 TRAILER_HEADER = struct.pack("<II", 0x184D2A50, 32)
