@@ -8,8 +8,9 @@ to ``fxgraph/<k[1:3]>/<key>/<sha256_hash(content)>``) and
 cachedb (repositories), as a caller must do it: put = ``read_entry_fields`` (the guards
 expression and compile time, read from the pickle's opcodes) + one
 ``CacheDB.transaction()`` around ``repos.guarded.put(...)`` (SHA-256 name, zstd at level 3
-below 1 MiB and 1 from it, or at ``CACHEDB_COMPRESSION_LEVEL``, checksum, insert); get = one ``CacheDB.read()`` around ``repos.guarded.candidates(...)``
-(decompress, verify) + ``pickle.loads`` of each variant, as Inductor unpickles candidates.
+below 1 MiB and 1 from it, or at ``CACHEDB_COMPRESSION_LEVEL``, checksum, insert); get = one
+``CacheDB.read()`` around ``repos.guarded.candidates(...)`` (decompress, verify) +
+``pickle.loads`` of each variant, as Inductor unpickles candidates.
 
 cachedb (live): the same two ``FxGraphCache`` calls inside ``cachedb.installed(db)``, measured
 after the others (the seams replace the file methods, so they cannot interleave); their targets

@@ -62,8 +62,8 @@ def compression_level(size_bytes: int) -> int:
     """The zstd level :func:`pack` uses for a payload of ``size_bytes`` bytes: the integer in
     :data:`LEVEL_ENV` when it is set, non-zero and at most zstd's maximum (22), else
     :data:`ZSTD_LEVEL` below :data:`LARGE_PAYLOAD_BYTES` and :data:`ZSTD_LEVEL_LARGE` from it.
-    A value that is not such an integer is logged once (naming the variable and the value)
-    and the defaults are used: a bad setting never fails a write."""
+    A value that is not such an integer is logged once per value (naming the variable and the
+    value) and the defaults are used: a bad setting never fails a write."""
     global _level_setting
     raw = os.environ.get(LEVEL_ENV)
     if raw != _level_setting[0]:
