@@ -254,7 +254,7 @@ class BestConfig(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     key: Mapped[str] = mapped_column(String(256), unique=True)
     content: Mapped[str] = mapped_column(Text)
-    configs_hash: Mapped[Optional[str]] = mapped_column(String(64), index=True)
+    configs_hash: Mapped[Optional[str]] = mapped_column(String(64))  # not indexed since 0005
     num_warps: Mapped[Optional[int]] = mapped_column(Integer)
     num_stages: Mapped[Optional[int]] = mapped_column(Integer)
     found_by_coordesc: Mapped[Optional[bool]] = mapped_column(Boolean)

@@ -164,3 +164,36 @@ def test_compact_timings_migration_keeps_every_benchmark(db: CacheDB) -> None:
         assert repos.timings.lookup(ids, "mm", mm, "high") == {"aten_mm": 0.3}
     after = _timing_state(db)["autotune_timings"]
     assert after[:7] == before["autotune_timings"] and int(after[7][0]) > int(after[6][0])
+
+
+def _best_config_state(db: CacheDB) -> tuple[set[str], list[tuple]]:
+    """The index names of ``best_configs`` and its rows (timestamps as text)."""
+    indexes = {ix["name"] for ix in inspect(db.engine).get_indexes("best_configs")}
+    with db.engine.connect() as conn:
+        rows = conn.execute(text("SELECT * FROM best_configs ORDER BY id")).all()
+    return indexes, [tuple(str(v) if v is not None else None for v in row) for row in rows]
+
+
+def test_lean_best_configs_migration_keeps_every_config(db: CacheDB) -> None:
+    """0005 drops the ``configs_hash`` index and nothing else, on SQLite and PostgreSQL: the
+    rows read the same down at 0004 (index back) and up again (index gone), and a best config
+    written after the upgrade is found by its key."""
+    first = '{"XBLOCK": 128, "num_warps": 4, "num_stages": 1, "configs_hash": "' + "a" * 64 + '"}'
+    second = '{"XBLOCK": 64, "R0_BLOCK": 8, "num_warps": 2, "num_stages": 2, "configs_hash": "' + "b" * 64 + '"}'
+    with db.transaction() as repos:
+        repos.best_configs.put("ab/first.best_config", first)
+        repos.best_configs.put("cd/second.best_config", second)
+    indexes, rows = _best_config_state(db)
+    assert "ix_best_configs_configs_hash" not in indexes and len(rows) == 2
+
+    _migrate.downgrade(db.engine, "0004")
+    assert _best_config_state(db) == (indexes | {"ix_best_configs_configs_hash"}, rows)
+
+    assert db.upgrade() is True
+    assert _best_config_state(db) == (indexes, rows)
+    assert _diff(db) == []
+    with db.transaction() as repos:
+        repos.best_configs.put("ef/third.best_config", first)
+    with db.read() as repos:
+        assert repos.best_configs.get("ef/third.best_config") == first
+        assert repos.best_configs.get("cd/second.best_config") == second
