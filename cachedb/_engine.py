@@ -6,6 +6,7 @@ above it speaks portable SQLAlchemy and runs on PostgreSQL too.
 
 from __future__ import annotations
 
+import datetime as dt
 import itertools
 import math
 import operator
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy import Connection, DateTime, Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import OperationalError as SAOperationalError
@@ -309,14 +310,50 @@ class _Compiled:
         if self.pick is not None:
             return self.pick(values)
         merged = {**self.defaults, **values} if self.defaults else values
+        if self.names is not None:  # positional: the tuple straight away, each value processed once
+            processors = self.processors
+            out = []
+            for name in self.names:
+                value = merged[name]
+                process = processors.get(name)
+                out.append(value if process is None or value is None else process(value))
+            return tuple(out)
         if self.processors:
             merged = dict(merged)
             for name, process in self.processors.items():
                 if merged.get(name) is not None:
                     merged[name] = process(merged[name])
-        if self.names is None:
-            return merged
-        return tuple(merged[name] for name in self.names)
+        return merged
+
+
+#: The last datetime :func:`_sqlite_datetime` formatted and its text: a write binds the same
+#: ``utcnow()`` to several columns (replaced whole, so threads never see a torn pair).
+_LAST_DATETIME: tuple[Any, str] = (None, "")
+
+
+def _sqlite_datetime(fallback: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """SQLAlchemy's SQLite ``DateTime`` bind processor (``fallback``, sqlalchemy/dialects/
+    sqlite/base.py ``DATETIME.bind_processor``) for a datetime, in about a third of its time:
+    the same ``%04d-%02d-%02d %02d:%02d:%02d.%06d`` text of the value's own fields (an aware
+    value's offset is dropped without converting it, as SQLAlchemy drops it), and the text of
+    the last value again when the same object comes twice (``created_at`` and ``updated_at``
+    of one write). Anything else (a ``date``, a string) goes to ``fallback``."""
+    datetime_class = dt.datetime
+
+    def process(value: Any) -> Any:
+        global _LAST_DATETIME
+        if value.__class__ is not datetime_class:
+            return fallback(value)
+        last = _LAST_DATETIME
+        if last[0] is value:
+            return last[1]
+        text = "%04d-%02d-%02d %02d:%02d:%02d.%06d" % (
+            value.year, value.month, value.day, value.hour, value.minute, value.second, value.microsecond
+        )
+        _LAST_DATETIME = (value, text)
+        return text
+
+    return process
 
 
 def _bound_bytes(params: Mapping[str, Any]) -> int:
@@ -434,6 +471,8 @@ class KeptConnection:
         for bind, name in compiled.bind_names.items():
             process = bind.type.dialect_impl(dialect).bind_processor(dialect)
             if process is not None:
+                if dialect.name == "sqlite" and isinstance(bind.type, DateTime):
+                    process = _sqlite_datetime(process)
                 processors[name] = process
         names = tuple(positions) if dialect.positional else None
         entry = _Compiled(compiled.string, names, defaults, processors, _picker(names, defaults, processors))

@@ -3,6 +3,7 @@ busy waits without 100 ms steps. SQLite files (the live backend's database)."""
 
 from __future__ import annotations
 
+import datetime as dt
 import multiprocessing
 import os
 import sqlite3
@@ -14,11 +15,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sqlalchemy import DateTime
+from sqlalchemy.dialects.sqlite import dialect as sqlite_dialect
 
 from cachedb import CacheDB
-from cachedb._engine import begin_immediate
+from cachedb._engine import _sqlite_datetime, begin_immediate
 from cachedb.fingerprint import current as current_fingerprint
 from cachedb.live._store import LazyOpTimings, LiveStore
+from cachedb.models import BestConfig
 from cachedb.repositories import best_configs as best_configs_repo
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -499,3 +505,47 @@ def test_a_forked_child_checkpoints_on_its_own_thread(tmp_path: Path) -> None:
     assert _rows_in_main_file(db_path, tmp_path) == 6
     store.close()
     _PARENT_STORE = None
+
+
+_SQLITE_DATETIME = DateTime().dialect_impl(sqlite_dialect()).bind_processor(sqlite_dialect())
+
+
+@given(
+    value=st.one_of(
+        st.datetimes(),
+        st.datetimes(timezones=st.timezones()),
+        st.dates(),
+    )
+)
+@settings(max_examples=300, deadline=None)
+def test_hot_path_timestamps_are_sqlalchemys_text(value: dt.date) -> None:
+    """The kept connection's SQLite ``DateTime`` binds (``_sqlite_datetime``) give exactly the
+    text SQLAlchemy's own processor stores, for naive, aware (any zone) and date values, and
+    for the same object bound twice in a row."""
+    process = _sqlite_datetime(_SQLITE_DATETIME)
+    assert process(value) == _SQLITE_DATETIME(value)
+    assert process(value) == _SQLITE_DATETIME(value)
+
+
+def test_hot_path_write_stores_the_orm_timestamp_text(tmp_path: Path) -> None:
+    """A best config written through the kept connection and one written through the ORM at
+    the same instant store the same timestamp text, and it reads back as that instant."""
+    db = CacheDB(tmp_path / "ts.db")
+    now = dt.datetime(2026, 11, 24, 23, 5, 7, 120, tzinfo=dt.timezone.utc)
+    content = CONFIG.decode()
+    columns = best_configs_repo.prepare_columns(None, "ab/hot.best_config", content)
+    params = {**best_configs_repo.upsert_params("ab/hot.best_config", content, columns, None),
+              "created_at": now, "updated_at": now}
+    assert db.kept.write(best_configs_repo.upsert_for("sqlite"), params) == 1
+    with db.transaction() as repos:
+        repos.session.add(BestConfig(key="cd/orm.best_config", content=content, created_at=now, updated_at=now))
+    with db.engine.connect() as conn:
+        stored = conn.exec_driver_sql("SELECT key, created_at, updated_at FROM best_configs ORDER BY key").all()
+    assert [tuple(r) for r in stored] == [
+        ("ab/hot.best_config", "2026-11-24 23:05:07.000120", "2026-11-24 23:05:07.000120"),
+        ("cd/orm.best_config", "2026-11-24 23:05:07.000120", "2026-11-24 23:05:07.000120"),
+    ]
+    with db.read() as repos:
+        row = repos.session.get(BestConfig, 1)
+        assert row is not None and row.created_at.replace(tzinfo=dt.timezone.utc) == now
+    db.close()
