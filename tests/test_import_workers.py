@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
+import cachedb
 import cachedb._import_pool as import_pool
 import cachedb._import_walk as import_walk
 import cachedb.importer as importer
-import cachedb
 from cachedb import CacheDB
 from cachedb.importer import ImportReport, Importer, scan
 from cachedb.keys import sha256_hash
@@ -187,4 +187,3 @@ def test_an_import_leaves_automatic_gc_as_it_found_it(real_cache: tuple[Path, di
     finally:
         (gc.enable if was else gc.disable)()
     assert seen and not any(seen)
-
