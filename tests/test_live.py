@@ -474,17 +474,20 @@ def test_spawn_dataloader_workers_do_not_import_cachedb(tmp_path: Path) -> None:
     Inductor: under ``cachedb run`` they import neither cachedb nor Dynamo."""
     script = tmp_path / "loader.py"
     script.write_text(textwrap.dedent("""
-        import sys, torch
+        import os, sys, torch
         from torch.utils.data import DataLoader, TensorDataset
 
         def init(i):
-            print("worker", i, sorted(m for m in ("cachedb", "sqlalchemy", "torch._dynamo") if m in sys.modules),
-                  flush=True)
+            # One write(2) per line: the two workers share the pipe, and a write of at most
+            # PIPE_BUF bytes is not interleaved with another (print() may write in pieces).
+            seen = sorted(m for m in ("cachedb", "sqlalchemy", "torch._dynamo") if m in sys.modules)
+            os.write(1, f"worker {i} {seen}\\n".encode())
 
         if __name__ == "__main__":
             data = DataLoader(TensorDataset(torch.arange(8.0)), batch_size=4, num_workers=2,
                               multiprocessing_context="spawn", worker_init_fn=init)
-            print("sum", float(sum(b[0].sum() for b in data)))
+            total = float(sum(b[0].sum() for b in data))
+            os.write(1, f"sum {total}\\n".encode())
     """))
     from cachedb.live import child_environment
 
