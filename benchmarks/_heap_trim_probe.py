@@ -9,7 +9,7 @@ side by side (ms per call, medians) and writes them to ``OUT.md`` if given.
 
 The hypothesis it tests: a 20 MB ``free`` raises glibc's mmap threshold to 20 MB and its trim
 threshold to twice that (40 MB). A file get holds 20 MB read + 20 MB unpickled at its peak;
-a live get also holds the compressed row (4.7 MB) beneath them, so the heap's top passes
+a live get also holds the compressed row (5.5 MB at level 1) beneath them, so the heap's top passes
 40 MB when everything is freed and glibc gives it back to the kernel (``brk``), to fault it
 in again on the next get. Linux/glibc only.
 """
