@@ -55,12 +55,17 @@ ZSTD_THREADS_LARGE = max(1, min(4, os.cpu_count() or 1))
 #: take any level; the setting changes what is written, never what can be read.
 LEVEL_ENV = "CACHEDB_COMPRESSION_LEVEL"
 
+#: zstd's lowest level (``ZSTD_minCLevel()``: ``-ZSTD_TARGETLENGTH_MAX``); python-zstandard
+#: does not export it, and a level past a C ``int`` raises ``OverflowError`` at compression.
+MIN_COMPRESSION_LEVEL = -(1 << 17)
+
 _level_setting: tuple[str | None, int | None] = (None, None)  # (raw value, parsed level)
 
 
 def compression_level(size_bytes: int) -> int:
     """The zstd level :func:`pack` uses for a payload of ``size_bytes`` bytes: the integer in
-    :data:`LEVEL_ENV` when it is set, non-zero and at most zstd's maximum (22), else
+    :data:`LEVEL_ENV` when it is set, non-zero and within zstd's levels
+    (:data:`MIN_COMPRESSION_LEVEL` to 22), else
     :data:`ZSTD_LEVEL` below :data:`LARGE_PAYLOAD_BYTES` and :data:`ZSTD_LEVEL_LARGE` from it.
     A value that is not such an integer is logged once per value (naming the variable and the
     value) and the defaults are used: a bad setting never fails a write."""
@@ -71,8 +76,10 @@ def compression_level(size_bytes: int) -> int:
         if raw is not None and raw.strip():
             try:
                 level = int(raw)
-                if level > zstandard.MAX_COMPRESSION_LEVEL:
-                    raise ValueError(f"above zstd's maximum level {zstandard.MAX_COMPRESSION_LEVEL}")
+                if not MIN_COMPRESSION_LEVEL <= level <= zstandard.MAX_COMPRESSION_LEVEL:
+                    raise ValueError(
+                        f"outside zstd's levels {MIN_COMPRESSION_LEVEL}..{zstandard.MAX_COMPRESSION_LEVEL}"
+                    )
             except ValueError as exc:
                 log.warning("%s=%r is not a zstd level (%s); payloads use the default levels", LEVEL_ENV, raw, exc)
                 level = None

@@ -174,7 +174,7 @@ def test_the_level_setting_changes_what_is_written_never_what_is_read(
         assert got == files
 
 
-@pytest.mark.parametrize("value", ["fast", "23", "1.5"])
+@pytest.mark.parametrize("value", ["fast", "23", "1.5", "-131073", "-" + "9" * 30])
 def test_a_bad_level_setting_is_logged_once_and_the_defaults_are_used(
     value: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -192,6 +192,9 @@ def test_a_bad_level_setting_is_logged_once_and_the_defaults_are_used(
     assert all(b[:-TRAILER_BYTES] == default.compress(data) for b in blobs)
     monkeypatch.setenv(_payload.LEVEL_ENV, "0")
     assert _payload.compression_level(len(data)) == _payload.ZSTD_LEVEL
+    monkeypatch.setenv(_payload.LEVEL_ENV, str(_payload.MIN_COMPRESSION_LEVEL))
+    assert _payload.compression_level(len(data)) == _payload.MIN_COMPRESSION_LEVEL
+    assert unpack(pack(data).blob, len(data), hashlib.sha256(data).hexdigest(), where="x") == data
     monkeypatch.setenv(_payload.LEVEL_ENV, "-7")
     assert _payload.compression_level(len(data)) == -7
     assert _payload.compression_level(_payload.LARGE_PAYLOAD_BYTES) == -7
