@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import random
+from typing import Any
 
 from . import _payloads as P
 from ._context import Context, fresh_torch_cache
@@ -42,10 +43,19 @@ N_ENTRIES = 1_000
 WARMUP = 5
 
 
+def _local_autotune_cache(cls: type) -> Any:
+    """A ``LocalAutotuneCache``: torch 2.13's takes a cache id, 2.11's nothing."""
+    import inspect
+
+    return cls("benchmark") if len(inspect.signature(cls).parameters) else cls()
+
+
 def run(ctx: Context) -> SectionResult:
     import cachedb
     from cachedb import CacheDB
-    from torch._inductor.remote_cache import LocalAutotuneCache
+    # torch 2.13 defines it in remote_cache.py, 2.11 in runtime/autotune_cache.py; the latter
+    # has the name in both (as cachedb/live/_seams.py finds it).
+    from torch._inductor.runtime.autotune_cache import LocalAutotuneCache
 
     res = SectionResult(NAME, TITLE)
     n = N_ENTRIES
@@ -56,7 +66,7 @@ def run(ctx: Context) -> SectionResult:
 
     with fresh_torch_cache(ctx, "bestcfg") as cache_dir:
         paths = [str(cache_dir / key) for key in rel]  # torch's cache_filename strings
-        files = LocalAutotuneCache("benchmark")
+        files = _local_autotune_cache(LocalAutotuneCache)
         db_path = ctx.tmpdir("bcdb") / "best.db"
         db = CacheDB(db_path)
         naive = NaiveSQLiteStore(ctx.tmpdir("naive") / "naive.db")
@@ -88,7 +98,7 @@ def run(ctx: Context) -> SectionResult:
         # it keeps torch's file backend).
         live_db = ctx.tmpdir("bclive") / "live.db"
         with cachedb.installed(live_db):
-            live = LocalAutotuneCache("benchmark")  # picks up backend_override_cls
+            live = _local_autotune_cache(LocalAutotuneCache)  # picks up backend_override_cls
 
             def put_live(i: int) -> None:
                 live.put(paths[i], configs[i])
@@ -145,7 +155,7 @@ def run(ctx: Context) -> SectionResult:
             def _put(self, key: str, data: bytes) -> None:
                 self.d[key] = data
 
-        in_memory = LocalAutotuneCache("benchmark")
+        in_memory = _local_autotune_cache(LocalAutotuneCache)
         in_memory.backend = _DictBackend()
         for i in range(n):
             in_memory.put(rel[i], configs[i])
