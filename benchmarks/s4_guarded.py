@@ -7,8 +7,8 @@ to ``fxgraph/<k[1:3]>/<key>/<sha256_hash(content)>``) and
 
 cachedb (repositories), as a caller must do it: put = ``read_entry_fields`` (the guards
 expression and compile time, read from the pickle's opcodes) + one
-``CacheDB.transaction()`` around ``repos.guarded.put(...)`` (SHA-256 name, zstd at level 3
-below 1 MiB and 1 from it, or at ``CACHEDB_COMPRESSION_LEVEL``, checksum, insert); get = one
+``CacheDB.transaction()`` around ``repos.guarded.put(...)`` (SHA-256 name, zstd at level 1,
+by zstd workers from 1 MiB, or at ``CACHEDB_COMPRESSION_LEVEL``, checksum, insert); get = one
 ``CacheDB.read()`` around ``repos.guarded.candidates(...)`` (decompress, verify) +
 ``pickle.loads`` of each variant, as Inductor unpickles candidates.
 

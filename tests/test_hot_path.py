@@ -362,7 +362,8 @@ def test_hot_guarded_put_inserts_each_variant_once(real_cache: tuple[Path, dict]
 
 def test_large_payloads_are_compressed_at_the_large_level(real_cache: tuple[Path, dict]) -> None:
     """Payloads of 1 MiB and more are compressed at ZSTD_LEVEL_LARGE by ZSTD_THREADS_LARGE zstd
-    workers, smaller ones at ZSTD_LEVEL; both are one frame recording the content size, and
+    workers (the process's one multi-threaded context, made on first use), smaller ones at
+    ZSTD_LEVEL by a single-threaded one; both are one frame recording the content size, and
     unpack to the same bytes under their checksum."""
     import hashlib
 
@@ -374,17 +375,19 @@ def test_large_payloads_are_compressed_at_the_large_level(real_cache: tuple[Path
     real = b"".join(p.read_bytes() for p in sorted(cache_dir.rglob("*")) if p.is_file() and p.suffix in (".so", ".py"))
     small = real[: _payload.LARGE_PAYLOAD_BYTES - 1]
     large = (real * (1 + _payload.LARGE_PAYLOAD_BYTES // max(len(real), 1)))[: _payload.LARGE_PAYLOAD_BYTES]
+    _payload._LARGE._compressor = None  # as in a fresh process: no multi-threaded context yet
     for data, level, threads in (
         (small, _payload.ZSTD_LEVEL, 0), (large, _payload.ZSTD_LEVEL_LARGE, _payload.ZSTD_THREADS_LARGE)
     ):
         packed = _payload.pack(data)
+        # The multi-threaded context exists once, and only once, a large payload was packed.
+        assert (_payload._LARGE._compressor is not None) == (threads > 0)
         assert zstandard.get_frame_parameters(packed.blob).content_size == len(data)
         frame = zstandard.ZstdCompressor(
             level=level, write_content_size=True, write_checksum=True, threads=threads
         ).compress(data)
         assert packed.blob == frame + _payload.TRAILER_HEADER + hashlib.sha256(data).digest()
         assert _payload.unpack(packed.blob, packed.size_bytes, packed.checksum, where="t") == data
-    assert _payload.ZSTD_LEVEL != _payload.ZSTD_LEVEL_LARGE
 
 
 def test_a_refused_hot_write_rolls_back_and_frees_the_lock(db: CacheDB) -> None:
