@@ -185,7 +185,7 @@ def run(ctx: Context) -> SectionResult:
             frame = _payload.pack(payloads[0]).blob
             unzstd_s = _median_s(lambda: zstandard.ZstdDecompressor().decompress(frame))
             unpickle_s = _median_s(lambda: pickle.loads(payloads[0]))
-            level = _payload.compression_level(len(payloads[0]))  # CACHEDB_COMPRESSION_LEVEL, else by size
+            level = _payload.compression_level()  # CACHEDB_COMPRESSION_LEVEL, else ZSTD_LEVEL
             db.close()
         del payloads
 

@@ -38,14 +38,11 @@ log = logging.getLogger("cachedb")
 #: (7 FX graph / AOTAutograd pickles of a CPU compile, 75-190 KB): level 1 compresses them in
 #: 105 us an entry against 140 us at level 3, to 5.62x against 5.78x, and both decompress in
 #: 45-47 us; a live 100 KB FX graph put went from 452 to 408 us. C++ ``.so`` files shrink 3.18x
-#: against 3.35x, Triton kernel directories 3.69x against 3.72x.
+#: against 3.35x, Triton kernel directories 3.69x against 3.72x. On the benchmark's larger FX
+#: entries: 1 MB in 2.3 ms against 3.3 ms (6.65x against 7.0x), 20 MB in 60 ms against 102 ms
+#: (3.67x against 4.23x); decompression as fast or faster.
 ZSTD_LEVEL = 1
-#: zstd level for payloads of :data:`LARGE_PAYLOAD_BYTES` or more (compressed by
-#: :data:`ZSTD_THREADS_LARGE` workers). Measured on the benchmark's FX entries (2 cores): 1 MB
-#: compresses in 2.3 ms at level 1 vs 3.3 ms at level 3 (6.65x vs 7.0x), 20 MB in 60 ms vs
-#: 102 ms (3.67x vs 4.23x); decompression is as fast or faster.
-ZSTD_LEVEL_LARGE = 1
-#: Bytes from which a payload is compressed at :data:`ZSTD_LEVEL_LARGE` by zstd workers (1 MiB).
+#: Bytes from which a payload is compressed by :data:`ZSTD_THREADS_LARGE` zstd workers (1 MiB).
 LARGE_PAYLOAD_BYTES = 1 << 20
 #: zstd worker threads for payloads of :data:`LARGE_PAYLOAD_BYTES` or more (zstd splits the
 #: input into jobs of a few MB; smaller payloads gain nothing). Measured on 2 cores: a 20 MB FX
@@ -54,7 +51,7 @@ LARGE_PAYLOAD_BYTES = 1 << 20
 ZSTD_THREADS_LARGE = max(1, min(4, os.cpu_count() or 1))
 
 #: Environment variable: the zstd level of every payload this process writes, as ccache's
-#: ``compression_level``. Unset or 0: :data:`ZSTD_LEVEL` / :data:`ZSTD_LEVEL_LARGE` by size.
+#: ``compression_level``. Unset or 0: :data:`ZSTD_LEVEL`.
 #: Negative levels (zstd's ``--fast=N`` is level -N) trade bytes for speed: at -1000 a payload
 #: is stored as it is (ratio 1.0), still in a zstd frame with its content checksum. Readers
 #: take any level; the setting changes what is written, never what can be read.
@@ -67,13 +64,12 @@ MIN_COMPRESSION_LEVEL = -(1 << 17)
 _level_setting: tuple[str | None, int | None] = (None, None)  # (raw value, parsed level)
 
 
-def compression_level(size_bytes: int) -> int:
-    """The zstd level :func:`pack` uses for a payload of ``size_bytes`` bytes: the integer in
-    :data:`LEVEL_ENV` when it is set, non-zero and within zstd's levels
-    (:data:`MIN_COMPRESSION_LEVEL` to 22), else
-    :data:`ZSTD_LEVEL` below :data:`LARGE_PAYLOAD_BYTES` and :data:`ZSTD_LEVEL_LARGE` from it.
+def compression_level() -> int:
+    """The zstd level :func:`pack` uses for every payload: the integer in :data:`LEVEL_ENV`
+    when it is set, non-zero and within zstd's levels (:data:`MIN_COMPRESSION_LEVEL` to 22),
+    else :data:`ZSTD_LEVEL`.
     A value that is not such an integer is logged once per value (naming the variable and the
-    value) and the defaults are used: a bad setting never fails a write."""
+    value) and the default is used: a bad setting never fails a write."""
     global _level_setting
     raw = os.environ.get(LEVEL_ENV)
     if raw != _level_setting[0]:
@@ -86,13 +82,13 @@ def compression_level(size_bytes: int) -> int:
                         f"outside zstd's levels {MIN_COMPRESSION_LEVEL}..{zstandard.MAX_COMPRESSION_LEVEL}"
                     )
             except ValueError as exc:
-                log.warning("%s=%r is not a zstd level (%s); payloads use the default levels", LEVEL_ENV, raw, exc)
+                log.warning("%s=%r is not a zstd level (%s); payloads use the default level", LEVEL_ENV, raw, exc)
                 level = None
         _level_setting = (raw, level or None)
     chosen = _level_setting[1]
     if chosen is not None:
         return chosen
-    return ZSTD_LEVEL_LARGE if size_bytes >= LARGE_PAYLOAD_BYTES else ZSTD_LEVEL
+    return ZSTD_LEVEL
 
 
 #: The header of the skippable frame that ends a format-2 payload: zstd's first skippable
@@ -134,7 +130,7 @@ class _LargeCompressor:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._compressor: zstandard.ZstdCompressor | None = None
-        self._level = ZSTD_LEVEL_LARGE
+        self._level = ZSTD_LEVEL
 
     def compress(self, data: bytes, level: int) -> bytes:
         with self._lock:
@@ -164,7 +160,7 @@ def pack(data: bytes, *, digest: bytes | None = None) -> Packed:
     workers from :data:`LARGE_PAYLOAD_BYTES` on), then the skippable frame holding its SHA-256
     digest. ``digest``: that digest (32 bytes) when the caller already has it (saves hashing
     twice)."""
-    level = compression_level(len(data))
+    level = compression_level()
     if len(data) >= LARGE_PAYLOAD_BYTES:
         frame = _LARGE.compress(data, level)
     else:

@@ -360,11 +360,11 @@ def test_hot_guarded_put_inserts_each_variant_once(real_cache: tuple[Path, dict]
     store.close()
 
 
-def test_large_payloads_are_compressed_at_the_large_level(real_cache: tuple[Path, dict]) -> None:
-    """Payloads of 1 MiB and more are compressed at ZSTD_LEVEL_LARGE by ZSTD_THREADS_LARGE zstd
-    workers (the process's one multi-threaded context, made on first use), smaller ones at
-    ZSTD_LEVEL by a single-threaded one; both are one frame recording the content size, and
-    unpack to the same bytes under their checksum."""
+def test_large_payloads_are_compressed_by_zstd_workers(real_cache: tuple[Path, dict]) -> None:
+    """Payloads of 1 MiB and more are compressed at ZSTD_LEVEL by ZSTD_THREADS_LARGE zstd
+    workers (the process's one multi-threaded context, made on first use), smaller ones by a
+    single-threaded one; both are one frame recording the content size, and unpack to the same
+    bytes under their checksum."""
     import hashlib
 
     import zstandard
@@ -377,7 +377,7 @@ def test_large_payloads_are_compressed_at_the_large_level(real_cache: tuple[Path
     large = (real * (1 + _payload.LARGE_PAYLOAD_BYTES // max(len(real), 1)))[: _payload.LARGE_PAYLOAD_BYTES]
     _payload._LARGE._compressor = None  # as in a fresh process: no multi-threaded context yet
     for data, level, threads in (
-        (small, _payload.ZSTD_LEVEL, 0), (large, _payload.ZSTD_LEVEL_LARGE, _payload.ZSTD_THREADS_LARGE)
+        (small, _payload.ZSTD_LEVEL, 0), (large, _payload.ZSTD_LEVEL, _payload.ZSTD_THREADS_LARGE)
     ):
         packed = _payload.pack(data)
         # The multi-threaded context exists once, and only once, a large payload was packed.

@@ -179,7 +179,7 @@ def test_a_bad_level_setting_is_logged_once_and_the_defaults_are_used(
     value: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A CACHEDB_COMPRESSION_LEVEL that is not a zstd level never fails a write: one warning
-    naming the variable and the value, then the default levels (0 and unset mean them too)."""
+    naming the variable and the value, then the default level (0 and unset mean it too)."""
     from cachedb import _payload
 
     data = (Path(_payload.__file__).read_bytes() * 40)[:200_000]  # real text, below 1 MiB
@@ -191,13 +191,12 @@ def test_a_bad_level_setting_is_logged_once_and_the_defaults_are_used(
     assert len(warnings) == 1 and repr(value) in warnings[0]
     assert all(b[:-TRAILER_BYTES] == default.compress(data) for b in blobs)
     monkeypatch.setenv(_payload.LEVEL_ENV, "0")
-    assert _payload.compression_level(len(data)) == _payload.ZSTD_LEVEL
+    assert _payload.compression_level() == _payload.ZSTD_LEVEL
     monkeypatch.setenv(_payload.LEVEL_ENV, str(_payload.MIN_COMPRESSION_LEVEL))
-    assert _payload.compression_level(len(data)) == _payload.MIN_COMPRESSION_LEVEL
+    assert _payload.compression_level() == _payload.MIN_COMPRESSION_LEVEL
     assert unpack(pack(data).blob, len(data), hashlib.sha256(data).hexdigest(), where="x") == data
     monkeypatch.setenv(_payload.LEVEL_ENV, "-7")
-    assert _payload.compression_level(len(data)) == -7
-    assert _payload.compression_level(_payload.LARGE_PAYLOAD_BYTES) == -7
+    assert _payload.compression_level() == -7
     fast = pack(data).blob
     assert fast[:-TRAILER_BYTES] == zstandard.ZstdCompressor(
         level=-7, write_content_size=True, write_checksum=True
