@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -73,3 +74,27 @@ class FakeChoice:
 
     def __repr__(self) -> str:
         return f"FakeChoice({self._hash!r})"
+
+
+def built_real_cache(ctx: Context) -> Path:
+    """A REAL Inductor cache directory built once per run by ``examples/build_cache.py`` in a
+    child process (torch.compile of an MLP, dynamic shapes, forward+backward, a CPU
+    max-autotune GEMM and a best config; ~35 s on 2 cores), kept in ``ctx.shared`` for the
+    sections after the first that asks. Raises ``RuntimeError`` with the child's stderr when it
+    fails."""
+    built = ctx.shared.get("built_real_cache")
+    if built is not None:
+        return Path(built)
+    root = ctx.tmpdir("realcache") / "inductor"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CACHEDB_")}
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(root)
+    env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+    ctx.log("building a real cache with examples/build_cache.py (torch.compile, ~35 s)")
+    proc = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "examples" / "build_cache.py"), str(root), "--json"],
+        env=env, capture_output=True, text=True, timeout=900, check=False,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"build_cache.py failed: {proc.stderr[-2000:]}")
+    ctx.shared["built_real_cache"] = root
+    return root

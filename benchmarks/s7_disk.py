@@ -15,13 +15,10 @@ Units: KB.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 from . import _payloads as P
-from ._context import REPO_ROOT, Context
+from ._context import Context, built_real_cache
 from ._report import Row, SectionResult
 from ._stats import summarize
 
@@ -65,21 +62,6 @@ def _import(ctx: Context, root: Path) -> tuple[Path, int]:
     return db_path, sum(report.added.values())
 
 
-def _build_real(ctx: Context) -> Path:
-    root = ctx.tmpdir("realcache") / "inductor"
-    env = dict(os.environ)
-    env["TORCHINDUCTOR_CACHE_DIR"] = str(root)
-    env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
-    ctx.log("disk: building a real cache with examples/build_cache.py (torch.compile, ~35 s)")
-    proc = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "examples" / "build_cache.py"), str(root), "--json"],
-        env=env, capture_output=True, text=True, timeout=900, check=False,
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"build_cache.py failed: {proc.stderr[-2000:]}")
-    return root
-
-
 def _case(ctx: Context, res: SectionResult, label: str, root: Path, db_path: Path | None = None) -> None:
     if db_path is None:
         db_path, _added = _import(ctx, root)
@@ -114,7 +96,7 @@ def run(ctx: Context) -> SectionResult:
     real: Path | None = None
     real_label = ""
     if not ctx.quick:
-        real = _build_real(ctx)
+        real = built_real_cache(ctx)
         real_label = "real cache (examples/build_cache.py)"
     elif ctx.shared.get("real_cache_dir"):
         real = Path(ctx.shared["real_cache_dir"])
