@@ -81,7 +81,7 @@ def built_real_cache(ctx: Context) -> Path:
     child process (torch.compile of an MLP, dynamic shapes, forward+backward, a CPU
     max-autotune GEMM and a best config; ~35 s on 2 cores), kept in ``ctx.shared`` for the
     sections after the first that asks. Raises ``RuntimeError`` with the child's stderr when it
-    fails."""
+    fails, ``subprocess.TimeoutExpired`` when it runs past 900 s."""
     built = ctx.shared.get("built_real_cache")
     if built is not None:
         return Path(built)

@@ -153,10 +153,11 @@ def _real_case(ctx: Context, res: SectionResult) -> None:
     def block(mode: str, r: int) -> None:
         # untimed: one put and get on entering the block (a live store's first write of the
         # process records its fingerprint, as torch's first write does once per process)
-        cls, key, content = keyed(f"w{mode}", r)[0]
+        batch = keyed(mode, r)
+        cls, key, content = batch[0]
+        key = f"{key[:-9]}w{mode[0]}{key[-7:]}"  # a key of its own, same length
         cls._write_to_local_cache(key, content)
         list(cls.iterate_over_candidates(True, None, key))
-        batch = keyed(mode, r)
         puts = time_ops(lambda j: batch[j][0]._write_to_local_cache(batch[j][1], batch[j][2]), range(len(batch)))
 
         def get(j: int) -> None:
@@ -179,20 +180,18 @@ def _real_case(ctx: Context, res: SectionResult) -> None:
                 else:
                     with cachedb.installed(db_path):
                         block(mode, r)
-        frames = [_payload.pack(content).blob for _kind, _key, content in entries]
-        unzstd_s = sum(_median_s(lambda f=f: zstandard.ZstdDecompressor().decompress(f)) for f in frames)
-        unpickle_s = sum(_median_s(lambda c=content: pickle.loads(c)) for _k, _key, content in entries)
+    frames = [_payload.pack(content).blob for _kind, _key, content in entries]
+    unzstd_s = sum(_median_s(lambda f=f: zstandard.ZstdDecompressor().decompress(f)) for f in frames)
+    unpickle_s = sum(_median_s(lambda c=content: pickle.loads(c)) for _k, _key, content in entries)
     n_fx = sum(1 for kind, _key, _c in entries if kind == "fxgraph")
     sizes = sorted(len(content) for _k, _key, content in entries)
     label = f"real entries ({n_fx} FX graph + {len(entries) - n_fx} AOTAutograd variants)"
     ms = "ms"
-    put = Row(f"put {label} (live)", seconds_to(ms, times["live"]["put"]), seconds_to(ms, times["files"]["put"]),
-              "FxGraphCache / AOTAutogradCache files", target="ratio ≤ 2.0")
-    get = Row(f"get {label} (live)", seconds_to(ms, times["live"]["get"]), seconds_to(ms, times["files"]["get"]),
-              "FxGraphCache / AOTAutogradCache files", target="ratio ≤ 1.0")
-    for row in (put, get):
-        row.met = row.ratio is not None and row.ratio <= float(row.target.split()[-1])
-    res.rows += [put, get]
+    for op, limit in (("put", 2.0), ("get", 1.0)):  # issue 11's targets, as for the synthetic rows
+        row = Row(f"{op} {label} (live)", seconds_to(ms, times["live"][op]), seconds_to(ms, times["files"][op]),
+                  "FxGraphCache / AOTAutogradCache files", target=f"ratio ≤ {limit}")
+        row.met = row.ratio is not None and row.ratio <= limit
+        res.rows.append(row)
     n = len(entries)
     # per pass over all entries (one round): the sums, less sensitive to the mix of sizes
     passes = {mode: [sum(t[k:k + n]) for k in range(0, len(t), n)] for mode, t in

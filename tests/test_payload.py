@@ -175,7 +175,7 @@ def test_the_level_setting_changes_what_is_written_never_what_is_read(
 
 
 @pytest.mark.parametrize("value", ["fast", "23", "1.5", "-131073", "-" + "9" * 30])
-def test_a_bad_level_setting_is_logged_once_and_the_defaults_are_used(
+def test_a_bad_level_setting_is_logged_once_and_the_default_is_used(
     value: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A CACHEDB_COMPRESSION_LEVEL that is not a zstd level never fails a write: one warning
