@@ -560,3 +560,48 @@ def test_hot_path_write_stores_the_orm_timestamp_text(tmp_path: Path) -> None:
         row = repos.session.get(BestConfig, 1)
         assert row is not None and row.created_at.replace(tzinfo=dt.timezone.utc) == now
     db.close()
+
+
+def test_variants_after_the_hit_are_never_decompressed(
+    db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Torch's own ``find_guarded_entry`` stops at the first variant whose guards hold, as its
+    file loop stops reading there: the live store decompresses (and checks) a variant only
+    when Inductor reaches it. A damaged variant after the hit is not even looked at; a lookup
+    that reaches it skips it, warns and quarantines it, and still serves the intact one."""
+    import pickle
+    from types import SimpleNamespace
+
+    import cachedb
+    from cachedb.keys import sha256_hash
+    from sqlalchemy import text
+    from torch._dynamo.utils import counters
+    from torch._inductor.codecache import FxGraphCache
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    key = "flazyvariants" + "0" * 39
+    contents = [pickle.dumps(SimpleNamespace(guards_expr=f"s0 < {n}", n=n)) for n in (8, 64)]
+    first, second = sorted(contents, key=sha256_hash)  # Inductor's order: sorted variant names
+    with cachedb.installed(db_url):
+        for content in contents:
+            FxGraphCache._write_to_local_cache(key, content)
+    db = CacheDB(db_url)
+    with db.engine.begin() as conn:  # a damaged payload for the variant Inductor reaches second
+        conn.execute(text("UPDATE guarded_entries SET payload = :p WHERE variant = :v"),
+                     {"p": b"not a zstd frame", "v": sha256_hash(second)})
+
+    def quarantined() -> int:
+        with db.engine.connect() as conn:
+            return conn.execute(text("SELECT count(*) FROM quarantined_entries")).scalar_one()
+
+    counters.clear()
+    with cachedb.installed(db_url):
+        graph, content, info = FxGraphCache.find_guarded_entry(key, True, None, lambda expr, hints: True, [])
+        assert content == first and info["cache_status_detailed"] == "hit"
+        assert quarantined() == 0 and counters["inductor"]["cachedb_corrupt_payload"] == 0
+        # guards that hold for no variant: Inductor reaches the damaged one
+        graph, content, info = FxGraphCache.find_guarded_entry(key, True, None, lambda expr, hints: False, [])
+        assert graph is None and info["cache_status_detailed"] == "guard_miss"
+        assert quarantined() == 1 and counters["inductor"]["cachedb_corrupt_payload"] == 1
+        assert [c for _, c, _ in FxGraphCache.iterate_over_candidates(True, None, key)] == [first]
+    db.close()

@@ -157,37 +157,49 @@ class LiveStore:
 
     def guarded_candidates(self, kind: str, key: str) -> Iterator[tuple[str, bytes]]:
         """``(variant, pickle bytes)`` of every stored variant of ``key``, in Inductor's order.
-        A corrupt payload is skipped with a warning. With a remote tier, the variants only the
-        remote holds follow, fetched (one query) once the local ones are exhausted."""
 
-        def read() -> list[tuple[str, bytes]]:
-            out = []
-            corrupt: list[tuple[str, str]] = []
-            db = self.db
-            if self.pickles_refused is not None:
-                return []
-            rows = db.kept.fetch(guarded_repo.VARIANTS, {"kind": kind, "key": key})
-            rows.sort(key=lambda row: row[0])
-            for variant, blob, size, digest, signature in rows:
-                try:
-                    out.append(
-                        (variant, guarded_repo.load_variant(db.signer, kind, key, variant, blob, size, digest, signature))
-                    )
-                except CorruptPayloadError as exc:
-                    self.warn_once(f"{kind} payload check", exc)
-                    corrupt.append((variant, exc.reason))
-            if corrupt:
-                self._quarantine(kind, key, corrupt)
-            return out
-
-        found = self.safely(f"{kind} lookup", [], read)
-        log.debug("%s lookup %s: %d variant(s)", kind, key, len(found))
-        yield from found
+        One query reads the key's rows; each payload is decompressed and verified only when
+        the caller asks for its variant. Inductor stops at the first variant whose guards hold
+        (``GuardedCache.find_guarded_entry``, torch/_inductor/codecache.py), as its own loop
+        (``iterate_over_candidates``) stops reading files there, so the variants after a hit
+        are never decompressed. A corrupt payload is skipped with a warning and quarantined.
+        With a remote tier, the variants only the remote holds follow, fetched (one query)
+        once the local ones are exhausted."""
+        rows = self.safely(f"{kind} lookup", [], lambda: self._variant_rows(kind, key))
+        log.debug("%s lookup %s: %d variant(s)", kind, key, len(rows))
+        yield from self._loaded(kind, key, rows)
         # Inductor stops at the first variant whose guards hold: the remote tier is asked only
         # when no local one did.
         if self.remote is not None and self.pull(sync.guarded(kind, key)):
-            seen = {variant for variant, _ in found}
-            yield from (c for c in self.safely(f"{kind} lookup", [], read) if c[0] not in seen)
+            seen = {row[0] for row in rows}
+            more = self.safely(f"{kind} lookup", [], lambda: self._variant_rows(kind, key))
+            yield from self._loaded(kind, key, [row for row in more if row[0] not in seen])
+
+    def _variant_rows(self, kind: str, key: str) -> list[tuple[Any, ...]]:
+        """The stored rows (:data:`cachedb.repositories.guarded.VARIANTS`) of ``key``, sorted
+        by variant name as Inductor sorts its file names; none while pickles are refused."""
+        if self.pickles_refused is not None:
+            return []
+        rows = self.db.kept.fetch(guarded_repo.VARIANTS, {"kind": kind, "key": key})
+        rows.sort(key=lambda row: row[0])
+        return rows
+
+    def _loaded(self, kind: str, key: str, rows: list[tuple[Any, ...]]) -> Iterator[tuple[str, bytes]]:
+        """``(variant, payload)`` of ``rows``, each decompressed and verified when it is asked
+        for; a corrupt one is warned about, quarantined and skipped."""
+        for variant, blob, size, digest, signature in rows:
+            try:
+                content = guarded_repo.load_variant(
+                    self.db.signer, kind, key, variant, blob, size, digest, signature
+                )
+            except CorruptPayloadError as exc:
+                self.warn_once(f"{kind} payload check", exc)
+                self._quarantine(kind, key, [(variant, exc.reason)])
+                continue
+            except Exception as exc:  # the cache must never break a compile
+                self.warn_once(f"{kind} lookup", exc)
+                continue
+            yield variant, content
 
     def _quarantine(self, kind: str, key: str, corrupt: list[tuple[str, str]]) -> None:
         """Move corrupt variants aside (kept for ``cachedb verify``) and count the misses in
