@@ -445,3 +445,37 @@ def test_two_machines_pushing_the_same_entries_at_once(
     assert remote["guarded_entries"] == len(files["fxgraph"]) + len(files["aotautograd"])
     assert remote["best_configs"] == len(files["best_config"])
     assert remote["system_fingerprints"] == 1
+
+
+def test_a_corrupt_local_variant_is_served_from_the_remote(tmp_path: Path) -> None:
+    """A local variant whose payload fails its check is quarantined and skipped; the variant is
+    then fetched from the remote tier (an SQLite file here) and served intact, once."""
+    import pickle
+    from types import SimpleNamespace
+
+    from cachedb.keys import sha256_hash
+
+    key = "fcorruptlocal" + "0" * 39
+    good = pickle.dumps(SimpleNamespace(guards_expr=None, n=1))
+    variant = sha256_hash(good)
+    remote_path, local_path = tmp_path / "remote.db", tmp_path / "local.db"
+    for path in (remote_path, local_path):
+        store = LiveStore(str(path))
+        store.guarded_put("fxgraph", key, good)
+        store.close()
+    local = CacheDB(local_path)
+    with local.engine.begin() as conn:
+        conn.execute(text("UPDATE guarded_entries SET payload = :p"), {"p": b"not a zstd frame"})
+    local.close()
+
+    tier = RemoteTier(f"sqlite:///{remote_path}")
+    store = LiveStore(str(local_path), remote=tier)
+    try:
+        assert list(store.guarded_candidates("fxgraph", key)) == [(variant, good)]
+    finally:
+        store.close()
+    local = CacheDB(local_path)
+    with local.engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM quarantined_entries")).scalar_one() == 1
+    local.close()
+    assert _counts(str(local_path))["guarded_entries"] == 1  # the remote's copy, now local

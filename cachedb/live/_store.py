@@ -167,13 +167,16 @@ class LiveStore:
         once the local ones are exhausted."""
         rows = self.safely(f"{kind} lookup", [], lambda: self._variant_rows(kind, key))
         log.debug("%s lookup %s: %d variant(s)", kind, key, len(rows))
-        yield from self._loaded(kind, key, rows)
+        served: set[str] = set()
+        for variant, content in self._loaded(kind, key, rows):
+            served.add(variant)
+            yield variant, content
         # Inductor stops at the first variant whose guards hold: the remote tier is asked only
-        # when no local one did.
+        # when no local one did. A local variant found corrupt (quarantined) is served from
+        # the remote's copy.
         if self.remote is not None and self.pull(sync.guarded(kind, key)):
-            seen = {row[0] for row in rows}
             more = self.safely(f"{kind} lookup", [], lambda: self._variant_rows(kind, key))
-            yield from self._loaded(kind, key, [row for row in more if row[0] not in seen])
+            yield from self._loaded(kind, key, [row for row in more if row[0] not in served])
 
     def _variant_rows(self, kind: str, key: str) -> list[tuple[Any, ...]]:
         """The stored rows (:data:`cachedb.repositories.guarded.VARIANTS`) of ``key``, sorted
