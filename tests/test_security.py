@@ -197,3 +197,30 @@ def test_hits_update_counts_and_last_use(tmp_path: Path) -> None:
     assert [(kind, hits, bool(later)) for kind, hits, later in rows] == [
         ("aotautograd", 2, True), ("fxgraph", 2, True)
     ]
+
+
+def test_a_first_lookup_refuses_pickles_of_another_users_db(tmp_path: Path) -> None:
+    """The first thing a process asks of a foreign-owned database may be an FX graph lookup:
+    opening it (on that lookup) already decides that its pickles are not served."""
+    import pickle
+    from types import SimpleNamespace
+
+    from cachedb.live._store import LiveStore
+
+    db = tmp_path / "c.db"
+    content = pickle.dumps(SimpleNamespace(guards_expr=None))
+    store = LiveStore(str(db))
+    store.guarded_put("fxgraph", "fkey", content)
+    store.close()
+
+    def first_lookup(trust: bool = False) -> list[bytes]:
+        store = LiveStore(str(db), trust=trust)
+        try:
+            return [c for _, c in store.guarded_candidates("fxgraph", "fkey")]
+        finally:
+            store.close()
+
+    assert first_lookup() == [content]
+    os.chown(db, 12345, 12345)
+    assert first_lookup() == []
+    assert first_lookup(trust=True) == [content]

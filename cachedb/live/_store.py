@@ -181,9 +181,10 @@ class LiveStore:
     def _variant_rows(self, kind: str, key: str) -> list[tuple[Any, ...]]:
         """The stored rows (:data:`cachedb.repositories.guarded.VARIANTS`) of ``key``, sorted
         by variant name as Inductor sorts its file names; none while pickles are refused."""
+        db = self.db  # opening it decides whether pickles are refused
         if self.pickles_refused is not None:
             return []
-        rows = self.db.kept.fetch(guarded_repo.VARIANTS, {"kind": kind, "key": key})
+        rows = db.kept.fetch(guarded_repo.VARIANTS, {"kind": kind, "key": key})
         rows.sort(key=lambda row: row[0])
         return rows
 
