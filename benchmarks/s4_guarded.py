@@ -123,11 +123,28 @@ def _real_variants(root: Path) -> list[tuple[str, str, bytes]]:
     return out
 
 
+def _alternating_rounds(ctx: Context, name: str, rounds: int, block: Callable[[str, int], None]) -> None:
+    """``block(mode, r)`` for ``mode`` "files" and "live" (inside ``cachedb.installed`` on a
+    database of its own), round -1 (the warm-up) then ``rounds`` rounds, alternating which mode
+    goes first; on a fresh torch cache dir named ``name``."""
+    import cachedb
+
+    with fresh_torch_cache(ctx, name):
+        db_path = ctx.tmpdir(f"{name}-db") / "live.db"
+        for r in range(-1, rounds):
+            for mode in (("files", "live") if r % 2 == 0 else ("live", "files")):
+                gc.collect()
+                if mode == "files":
+                    block(mode, r)
+                else:
+                    with cachedb.installed(db_path):
+                        block(mode, r)
+
+
 def _real_case(ctx: Context, res: SectionResult) -> None:
     """Put and get of real FX graph / AOTAutograd variants, files against live (see the module
     docstring). Rows in ms per entry; the notes give the entries' sizes and the per-entry
     decompression and ``pickle.loads`` (the floor both sides share)."""
-    import cachedb
     from cachedb import _payload
     from torch._functorch._aot_autograd.autograd_cache import AOTAutogradCache
     from torch._inductor.codecache import FxGraphCache
@@ -173,17 +190,7 @@ def _real_case(ctx: Context, res: SectionResult) -> None:
             times[mode]["put"] += puts
             times[mode]["get"] += gets
 
-    with fresh_torch_cache(ctx, "guardedreal"):
-        db_path = ctx.tmpdir("gdbreal") / "real.db"
-        for r in range(-1, rounds):
-            order = ("files", "live") if r % 2 == 0 else ("live", "files")
-            for mode in order:
-                gc.collect()
-                if mode == "files":
-                    block(mode, r)
-                else:
-                    with cachedb.installed(db_path):
-                        block(mode, r)
+    _alternating_rounds(ctx, "guardedreal", rounds, block)
     frames = [_payload.pack(content).blob for _kind, _key, content in entries]
     unzstd_s = sum(_median_s(lambda f=f: zstandard.ZstdDecompressor().decompress(f)) for f in frames)
     unpickle_s = sum(_median_s(lambda c=content: pickle.loads(c)) for _k, _key, content in entries)
@@ -370,7 +377,6 @@ def _variants_case(ctx: Context, res: SectionResult) -> None:
     Inductor's order (sorted names) holds, so Inductor reads, unpickles and checks one and
     stops. Files and live in alternating rounds (live inside ``cachedb.installed``), each round
     on keys of its own, put untimed before. Units: ms per lookup."""
-    import cachedb
     from torch._inductor.codecache import FxGraphCache
 
     size, n_keys = 100_000, VARIANT_KEYS[1 if ctx.quick else 0]
@@ -393,16 +399,7 @@ def _variants_case(ctx: Context, res: SectionResult) -> None:
         if r >= 0:  # round -1: warm-up
             times[mode] += got
 
-    with fresh_torch_cache(ctx, "guardedvariants"):
-        db_path = ctx.tmpdir("gdbvariants") / "variants.db"
-        for r in range(-1, rounds):
-            for mode in (("files", "live") if r % 2 == 0 else ("live", "files")):
-                gc.collect()
-                if mode == "files":
-                    block(mode, r)
-                else:
-                    with cachedb.installed(db_path):
-                        block(mode, r)
+    _alternating_rounds(ctx, "guardedvariants", rounds, block)
     row = Row(f"get 100 KB, {VARIANTS_PER_KEY} guarded variants of a key, the first holds (live: find_guarded_entry)",
               seconds_to("ms", times["live"]), seconds_to("ms", times["files"]), "FxGraphCache files",
               target="ratio ≤ 1.0")
