@@ -605,3 +605,44 @@ def test_variants_after_the_hit_are_never_decompressed(
         assert quarantined() == 1 and counters["inductor"]["cachedb_corrupt_payload"] == 1
         assert [c for _, c, _ in FxGraphCache.iterate_over_candidates(True, None, key)] == [first]
     db.close()
+
+
+def test_a_served_variant_is_not_held_compressed_while_inductor_unpickles_it(
+    db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When the live lookup hands Inductor a variant, it no longer holds that variant's
+    compressed row: while torch unpickles and runs the entry, the process holds the payload
+    and what it unpickles to, as with Inductor's own files, not the stored frame as well (which
+    kept a 20 MB graph's lookup over glibc's trim threshold: each lookup then faulted its memory
+    in again, §4). Measured with ``tracemalloc`` around torch's ``iterate_over_candidates``."""
+    import pickle
+    import tracemalloc
+    from types import SimpleNamespace
+
+    import cachedb
+    from sqlalchemy import text
+    from torch._inductor.codecache import FxGraphCache
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    key = "fheldcompressed" + "0" * 37
+    # 4 MiB that zstd stores in ~1 MiB: the random MiB does not compress, the zeros do
+    payload = pickle.dumps(SimpleNamespace(guards_expr="s0 < 8", blob=os.urandom(1 << 20) + bytes(3 << 20)))
+    with cachedb.installed(db_url):
+        FxGraphCache._write_to_local_cache(key, payload)
+        assert list(FxGraphCache.iterate_over_candidates(True, None, "fabsent" + "0" * 45)) == []  # opened
+        db = CacheDB(db_url)
+        with db.engine.connect() as conn:
+            stored = conn.execute(text("SELECT length(payload) FROM guarded_entries")).scalar_one()
+        db.close()
+        assert stored > 1 << 20
+        tracemalloc.start()
+        try:
+            candidates = FxGraphCache.iterate_over_candidates(True, None, key)
+            entry, content, _ = next(candidates)
+            held, _peak = tracemalloc.get_traced_memory()
+            candidates.close()
+        finally:
+            tracemalloc.stop()
+    assert content == payload and entry.guards_expr == "s0 < 8" and len(entry.blob) == 4 << 20
+    # the payload and its unpickled copy; the compressed row would add ``stored`` bytes more
+    assert held < 2 * len(payload) + stored // 2, (held, len(payload), stored)

@@ -190,8 +190,13 @@ class LiveStore:
 
     def _loaded(self, kind: str, key: str, rows: list[tuple[Any, ...]]) -> Iterator[tuple[str, bytes]]:
         """``(variant, payload)`` of ``rows``, each decompressed and verified when it is asked
-        for; a corrupt one is warned about, quarantined and skipped."""
-        for variant, blob, size, digest, signature in rows:
+        for; a corrupt one is warned about, quarantined and skipped. Each row leaves ``rows``
+        as it is read, so the compressed payload is freed before the caller unpickles the
+        content: holding both kept a 20 MB graph's lookup over glibc's heap-trim threshold,
+        and every lookup in a loop then faulted its memory in again."""
+        rows.reverse()
+        while rows:
+            variant, blob, size, digest, signature = rows.pop()
             try:
                 content = guarded_repo.load_variant(
                     self.db.signer, kind, key, variant, blob, size, digest, signature
@@ -203,6 +208,8 @@ class LiveStore:
             except Exception as exc:  # the cache must never break a compile
                 self.warn_once(f"{kind} lookup", exc)
                 continue
+            finally:
+                blob = None
             yield variant, content
 
     def _quarantine(self, kind: str, key: str, corrupt: list[tuple[str, str]]) -> None:
