@@ -18,7 +18,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -148,6 +148,9 @@ def _setup_sqlite(engine: Engine, busy_timeout_s: float) -> None:
 
 
 T = TypeVar("T")
+
+#: The sqlite3 module reads values in place (``Connection.blobopen``, Python 3.11 on).
+_BLOB_IO = hasattr(sqlite3.Connection, "blobopen")
 
 #: Seconds of the first and the longest sleep between two ``BEGIN IMMEDIATE`` attempts.
 BUSY_FIRST_SLEEP_S = 0.0005
@@ -637,6 +640,57 @@ class KeptConnection:
                 raise
         finally:
             self._lock.release()
+
+    @property
+    def reads_in_place(self) -> bool:
+        """:meth:`read_blob` can be used: SQLite, through a driver with incremental blob I/O
+        (``sqlite3.Connection.blobopen``, Python 3.11 on)."""
+        return self._sqlite and _BLOB_IO
+
+    def read_blob(
+        self, table: str, column: str, rowid: int, check: ClauseElement, params: Mapping[str, Any],
+        consume: Callable[[Any], T],
+    ) -> tuple[bool, T | None]:
+        """Where :attr:`reads_in_place`: ``consume(blob)`` over the value in ``column`` of row
+        ``rowid`` of ``table``, read in place through SQLite's incremental blob I/O
+        (``sqlite3.Connection.blobopen``: ``blob`` is a ``sqlite3.Blob``, read from the
+        database pages as ``consume`` asks; the value is never copied whole into memory).
+        The prebuilt Core ``SELECT`` ``check`` with ``params`` runs in the blob's read
+        transaction: ``(True, result)`` when it finds a row, ``(False, None)`` when it does not
+        or the row is gone (deleted since the caller read ``rowid``, which may now name
+        another row). On the kept connection, or a pooled one when another thread holds it.
+
+        Raises:
+            HotReadError: the driver failed (the kept connection is then discarded).
+            Whatever ``consume`` raises (the blob is closed first).
+        """
+        held = self._hold()
+        try:
+            compiled = self._compile(check)
+            try:
+                with ExitStack() as stack:
+                    if held:
+                        dbapi = self._dbapi if self._dbapi is not None else self._driver()
+                    else:
+                        dbapi = stack.enter_context(self._engine.connect()).connection.driver_connection
+                    try:
+                        blob = stack.enter_context(dbapi.blobopen(table, column, rowid, readonly=True))
+                    except sqlite3.OperationalError as exc:
+                        if "no such rowid" not in str(exc):
+                            raise
+                        return False, None
+                    # the open blob holds its read transaction: the check sees the same snapshot
+                    if dbapi.execute(compiled.sql, compiled.params(params)).fetchone() is None:
+                        return False, None
+                    return True, consume(blob)
+            except sqlite3.Error as exc:
+                if held:
+                    self._discard()
+                self._raise_driver_error(exc, HotReadError, "read")
+                raise
+        finally:
+            if held:
+                self._lock.release()
 
     def write(self, stmt: ClauseElement, params: Mapping[str, Any]) -> int:
         """Run the prebuilt Core statement ``stmt`` (an INSERT/UPDATE/upsert) with ``params`` in

@@ -27,6 +27,7 @@ import os
 import struct
 import threading
 from dataclasses import dataclass
+from typing import Protocol
 
 import zstandard
 
@@ -207,6 +208,80 @@ def unpack(blob: bytes, size_bytes: int, expected_checksum: str, *, where: str, 
     if hashlib.sha256(data).hexdigest() != expected_checksum:
         raise CorruptPayloadError(where, "SHA-256 checksum mismatch")
     return data
+
+
+#: Uncompressed bytes from which a live read streams a payload out of the database as it
+#: decompresses (:func:`unpack_from`) instead of reading the stored frame whole first (1 MiB).
+STREAM_PAYLOAD_BYTES = LARGE_PAYLOAD_BYTES
+#: Bytes the stream reader asks its source for at a time (256 KiB).
+STREAM_READ_BYTES = 256 << 10
+#: The most bytes a zstd frame header takes (``ZSTD_FRAMEHEADERSIZE_MAX``).
+_FRAME_HEADER_MAX = 18
+
+
+class BlobSource(Protocol):
+    """A stored payload read in place (``sqlite3.Blob``): its stored length and seekable
+    reads."""
+
+    def __len__(self) -> int: ...
+    def seek(self, offset: int, origin: int = 0, /) -> None: ...
+    def read(self, length: int = -1, /) -> bytes: ...
+
+
+def unpack_from(
+    source: BlobSource, size_bytes: int, expected_checksum: str, *, where: str, full: bool = False
+) -> bytes:
+    """:func:`unpack` of a payload read from ``source`` (a stored payload opened in place,
+    SQLite's incremental blob I/O) while it decompresses: the stored frame is never held
+    whole in memory, only :data:`STREAM_READ_BYTES` of it at a time beside the content
+    (``size_bytes``). Verified as :func:`unpack` verifies: zstd checks the frame's content
+    checksum (XXH64) as it ends, the trailer's digest must equal ``expected_checksum``.
+    Anything else (format 1, a trailer that does not match, ``full``) is read whole and
+    handed to :func:`unpack`.
+
+    Raises :class:`~cachedb.CorruptPayloadError` (naming ``where``) as :func:`unpack` does;
+    the driver's errors from ``source`` pass through.
+    """
+    length = len(source)
+    if not full and length > TRAILER_BYTES + _FRAME_HEADER_MAX:
+        source.seek(length - TRAILER_BYTES)
+        tail = source.read(TRAILER_BYTES)
+        source.seek(0)
+        head = source.read(_FRAME_HEADER_MAX)
+        if tail[:-32] == TRAILER_HEADER and tail[-32:].hex() == expected_checksum and _has_checksum(head):
+            source.seek(0)
+            decompressor = getattr(_DECOMPRESSOR, "d", None)
+            if decompressor is None:
+                decompressor = _DECOMPRESSOR.d = zstandard.ZstdDecompressor()
+            try:
+                reader = decompressor.stream_reader(
+                    source, read_size=STREAM_READ_BYTES, read_across_frames=False, closefd=False
+                )
+                data = reader.read(size_bytes) if size_bytes else b""
+                if 0 < len(data) < size_bytes:  # a short read before the frame's end: read on
+                    parts = [data]
+                    while (got := sum(map(len, parts))) < size_bytes and (more := reader.read(size_bytes - got)):
+                        parts.append(more)
+                    data = b"".join(parts)
+                # the frame must end here: reading on makes zstd check the content checksum
+                beyond = reader.read(1)
+            except zstandard.ZstdError as exc:
+                raise CorruptPayloadError(where, f"zstd: {exc}") from exc
+            if len(data) != size_bytes or beyond:
+                raise CorruptPayloadError(
+                    where, f"{len(data) + len(beyond)}{'+' if beyond else ''} bytes, expected {size_bytes}"
+                )
+            return data  # type: ignore[no-any-return]
+    source.seek(0)
+    return unpack(source.read(), size_bytes, expected_checksum, where=where, full=full)
+
+
+def _has_checksum(head: bytes) -> bool:
+    """The zstd frame starting ``head`` records a content checksum (False: not a zstd frame)."""
+    try:
+        return bool(zstandard.get_frame_parameters(head).has_checksum)
+    except zstandard.ZstdError:
+        return False
 
 
 def _trailer_matches(blob: bytes, expected_checksum: str) -> bool:

@@ -4,6 +4,7 @@ busy waits without 100 ms steps. SQLite files (the live backend's database)."""
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import multiprocessing
 import os
 import sqlite3
@@ -646,3 +647,89 @@ def test_a_served_variant_is_not_held_compressed_while_inductor_unpickles_it(
     assert content == payload and entry.guards_expr == "s0 < 8" and len(entry.blob) == 4 << 20
     # the payload and its unpickled copy; the compressed row would add ``stored`` bytes more
     assert held < 2 * len(payload) + stored // 2, (held, len(payload), stored)
+
+
+def _large_entry(n: int) -> bytes:
+    """An FX graph entry pickle of ~2 MiB (from 1 MiB the live lookup reads it in place)."""
+    import pickle
+    from types import SimpleNamespace
+
+    return pickle.dumps(SimpleNamespace(guards_expr=f"s0 < {n}", n=n, blob=os.urandom(1 << 19) + bytes(3 << 19)))
+
+
+@pytest.mark.skipif(not hasattr(sqlite3.Connection, "blobopen"), reason="sqlite3 reads in place from Python 3.11")
+def test_a_large_variant_is_read_in_place_and_checked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On SQLite the live lookup leaves a variant of 1 MiB or more in the database and
+    decompresses it as it reads it (incremental blob I/O): torch gets the same bytes, and a
+    damaged frame is refused, quarantined and counted as a small one is."""
+    import cachedb
+    from cachedb.keys import sha256_hash
+    from torch._dynamo.utils import counters
+    from torch._inductor.codecache import FxGraphCache
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    db_path = tmp_path / "large.db"
+    key = "flargeinplace" + "0" * 39
+    payloads = sorted((_large_entry(8), _large_entry(64)), key=sha256_hash)  # Inductor's order
+    with cachedb.installed(db_path):
+        for payload in payloads:
+            FxGraphCache._write_to_local_cache(key, payload)
+        served = [content for _, content, _ in FxGraphCache.iterate_over_candidates(True, None, key)]
+    assert served == payloads
+    raw = sqlite3.connect(db_path)
+    (stored,) = raw.execute("SELECT payload FROM guarded_entries WHERE variant = ?", (sha256_hash(payloads[1]),)).fetchone()
+    damaged = bytearray(stored)
+    damaged[len(damaged) // 8] ^= 0x01  # inside the random part: raw literals, zstd's checksum catches it
+    with raw:
+        raw.execute("UPDATE guarded_entries SET payload = ? WHERE variant = ?", (bytes(damaged), sha256_hash(payloads[1])))
+    raw.close()
+    counters.clear()
+    with cachedb.installed(db_path):
+        served = [content for _, content, _ in FxGraphCache.iterate_over_candidates(True, None, key)]
+    assert served == payloads[:1]
+    assert counters["inductor"]["cachedb_corrupt_payload"] == 1
+    db = CacheDB(db_path)
+    with db.engine.connect() as conn:
+        assert conn.exec_driver_sql("SELECT variant FROM quarantined_entries").scalars().all() == [sha256_hash(payloads[1])]
+    db.close()
+
+
+@pytest.mark.skipif(not hasattr(sqlite3.Connection, "blobopen"), reason="sqlite3 reads in place from Python 3.11")
+@pytest.mark.parametrize("then", ["deleted", "id_reused"])
+def test_a_large_variant_gone_before_inductor_reaches_it_is_absent_not_corrupt(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, then: str
+) -> None:
+    """The lookup's one query reads a key's rows; a large variant's payload is read when
+    Inductor reaches it. Evicted meanwhile by another process, or its id taken by a new row,
+    it is skipped as absent: nothing is quarantined, nothing is warned about, nothing else is
+    served in its place."""
+    import cachedb
+    from cachedb.keys import sha256_hash
+    from cachedb.live import _seams
+    from torch._inductor.codecache import FxGraphCache
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    db_path = tmp_path / "gone.db"
+    key = "fgoneinplace" + "0" * 40
+    first, second = sorted((_large_entry(8), _large_entry(64)), key=sha256_hash)
+    with cachedb.installed(db_path):
+        FxGraphCache._write_to_local_cache(key, first)
+        FxGraphCache._write_to_local_cache(key, second)
+        candidates = _seams._active_store().guarded_candidates("fxgraph", key)
+        assert next(candidates) == (sha256_hash(first), first)
+        other = sqlite3.connect(db_path, isolation_level=None)  # another process's eviction
+        (gone_id,) = other.execute("SELECT id FROM guarded_entries WHERE variant = ?", (sha256_hash(second),)).fetchone()
+        other.execute("DELETE FROM guarded_entries WHERE id = ?", (gone_id,))
+        if then == "id_reused":  # SQLite gives the next row the largest id again
+            FxGraphCache._write_to_local_cache("fanotherkey" + "0" * 41, _large_entry(99))
+            assert other.execute("SELECT key FROM guarded_entries WHERE id = ?", (gone_id,)).fetchone() == (
+                "fanotherkey" + "0" * 41,
+            )
+        other.close()
+        with caplog.at_level(logging.WARNING, logger="cachedb"):
+            assert list(candidates) == []
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    db = CacheDB(db_path)
+    with db.engine.connect() as conn:
+        assert conn.exec_driver_sql("SELECT count(*) FROM quarantined_entries").scalar_one() == 0
+    db.close()

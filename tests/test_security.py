@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import sqlite3
 import stat
 import subprocess
 import sys
@@ -128,6 +129,35 @@ def test_signed_database_serves_only_signed_entries(tmp_path: Path, monkeypatch:
     assert result.exit_code == 1 and "signature" in result.output
     with CacheDB(path) as db, db.read() as repos:
         assert [v for v, _ in repos.guarded.candidates("fxgraph", "fk")] == [signed]
+
+
+@pytest.mark.skipif(not hasattr(sqlite3.Connection, "blobopen"), reason="sqlite3 reads in place from Python 3.11")
+def test_a_signed_database_checks_large_variants_read_in_place(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The live lookup reads a variant of 1 MiB or more in place (SQLite's incremental blob
+    I/O); under a team key it still serves only the signed one, and refuses an unsigned one
+    as it refuses a small one."""
+    import cachedb
+    from torch._dynamo.utils import counters
+    from torch._inductor.codecache import FxGraphCache
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    path = tmp_path / "team-large.db"
+    key = "fsignedlarge" + "0" * 40
+    import pickle
+
+    unsigned_payload = pickle.dumps(("unsigned", os.urandom(1 << 19) + bytes(3 << 19)))
+    signed_payload = pickle.dumps(("signed", os.urandom(1 << 19) + bytes(3 << 19)))
+    with CacheDB(path) as db, db.transaction() as repos:  # written without the key
+        repos.guarded.put("fxgraph", key, unsigned_payload, guards_expr=None)
+    monkeypatch.setenv(ENV_KEY, "team secret")
+    counters.clear()
+    with cachedb.installed(path):
+        FxGraphCache._write_to_local_cache(key, signed_payload)
+        from cachedb.live import _seams
+
+        served = [content for _, content in _seams._active_store().guarded_candidates("fxgraph", key)]
+    assert served == [signed_payload]
+    assert counters["inductor"]["cachedb_corrupt_payload"] == 1
 
 
 def test_corrupt_entries_are_quarantined_not_deleted(tmp_path: Path) -> None:

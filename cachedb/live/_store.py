@@ -184,7 +184,10 @@ class LiveStore:
         db = self.db  # opening it decides whether pickles are refused
         if self.pickles_refused is not None:
             return []
-        rows = db.kept.fetch(guarded_repo.VARIANTS, {"kind": kind, "key": key})
+        # On SQLite a large payload is left in the database (NULL here) and read in place when
+        # Inductor reaches its variant (:meth:`_loaded`).
+        query = guarded_repo.VARIANT_REFS if db.kept.reads_in_place else guarded_repo.VARIANTS
+        rows = db.kept.fetch(query, {"kind": kind, "key": key})
         rows.sort(key=lambda row: row[0])
         return rows
 
@@ -192,15 +195,31 @@ class LiveStore:
         """``(variant, payload)`` of ``rows``, each decompressed and verified when it is asked
         for; a corrupt one is warned about, quarantined and skipped. Each row leaves ``rows``
         as it is read, so the compressed payload is freed before the caller unpickles the
-        content: holding both kept a 20 MB graph's lookup over glibc's heap-trim threshold,
-        and every lookup in a loop then faulted its memory in again."""
+        content; a payload the query left in the database (``NULL``: large, on SQLite) is
+        decompressed as it is read from there, never held whole. Holding the stored frame
+        beside the content kept a 20 MB graph's lookup over glibc's heap-trim threshold, and
+        every lookup in a loop then faulted its memory in again (§4). A variant deleted since
+        the query is skipped as absent."""
         rows.reverse()
         while rows:
-            variant, blob, size, digest, signature = rows.pop()
+            variant, blob, size, digest, signature, row_id = rows.pop()
             try:
-                content = guarded_repo.load_variant(
-                    self.db.signer, kind, key, variant, blob, size, digest, signature
-                )
+                if blob is None:  # large, on SQLite: decompressed as it is read from the database
+                    db = self.db
+                    found, content = db.kept.read_blob(
+                        "guarded_entries", "payload", row_id, guarded_repo.VARIANT_AT,
+                        {"id": row_id, "kind": kind, "key": key, "variant": variant},
+                        lambda source: guarded_repo.load_streamed_variant(
+                            db.signer, kind, key, variant, source, size, digest, signature
+                        ),
+                    )
+                    if not found:  # deleted since the query (evicted, quarantined): not there
+                        log.debug("%s lookup %s: variant %s is gone", kind, key, variant)
+                        continue
+                else:
+                    content = guarded_repo.load_variant(
+                        self.db.signer, kind, key, variant, blob, size, digest, signature
+                    )
             except CorruptPayloadError as exc:
                 self.warn_once(f"{kind} payload check", exc)
                 self._quarantine(kind, key, [(variant, exc.reason)])

@@ -8,7 +8,7 @@ import hashlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import Connection, bindparam, delete, func, insert, select, update
+from sqlalchemy import Connection, bindparam, case, delete, func, insert, null, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 from sqlalchemy.sql import Insert
@@ -16,7 +16,7 @@ from sqlalchemy.sql import Insert
 from .._bulk import bulk_insert, dialect_insert
 from .._engine import holds_write_lock
 from .._errors import CorruptPayloadError
-from .._payload import Packed, pack, unpack
+from .._payload import STREAM_PAYLOAD_BYTES, BlobSource, Packed, pack, unpack, unpack_from
 from .._own_pickle import read_own_entry_fields
 from .._pickle_scan import EntryFields, read_entry_fields
 from .._signing import Signer
@@ -25,12 +25,30 @@ from ..models import GUARDED_KINDS, GuardedEntry, QuarantinedEntry, utcnow
 
 _G = GuardedEntry.__table__
 
-#: Hot path: ``(variant, payload, size_bytes, checksum, signature)`` of every variant of one
-#: key, in Inductor's order (sorted file names). Binds: ``kind``, ``key``.
+#: Hot path: ``(variant, payload, size_bytes, checksum, signature, id)`` of every variant of
+#: one key, in Inductor's order (sorted file names). Binds: ``kind``, ``key``.
 VARIANTS = _VARIANTS = (
-    select(_G.c.variant, _G.c.payload, _G.c.size_bytes, _G.c.checksum, _G.c.signature)
+    select(_G.c.variant, _G.c.payload, _G.c.size_bytes, _G.c.checksum, _G.c.signature, _G.c.id)
     .where(_G.c.kind == bindparam("kind"), _G.c.key == bindparam("key"))
     .order_by(_G.c.variant)
+)
+#: Hot path on SQLite: :data:`VARIANTS`, but the payload of a variant of
+#: :data:`~cachedb._payload.STREAM_PAYLOAD_BYTES` or more (uncompressed) is ``NULL``: the
+#: query does not read its pages, and :func:`load_streamed_variant` reads them in place when
+#: Inductor reaches it. Binds: ``kind``, ``key``.
+VARIANT_REFS = (
+    select(
+        _G.c.variant, case((_G.c.size_bytes < STREAM_PAYLOAD_BYTES, _G.c.payload), else_=null()),
+        _G.c.size_bytes, _G.c.checksum, _G.c.signature, _G.c.id,
+    )
+    .where(_G.c.kind == bindparam("kind"), _G.c.key == bindparam("key"))
+    .order_by(_G.c.variant)
+)
+#: The row of :data:`VARIANT_REFS` is still that variant (its id may name another row once it
+#: is deleted). Binds: ``id``, ``kind``, ``key``, ``variant``.
+VARIANT_AT = select(_G.c.id).where(
+    _G.c.id == bindparam("id"), _G.c.kind == bindparam("kind"), _G.c.key == bindparam("key"),
+    _G.c.variant == bindparam("variant"),
 )
 _EXISTS = select(_G.c.id).where(
     _G.c.kind == bindparam("kind"), _G.c.key == bindparam("key"), _G.c.variant == bindparam("variant")
@@ -167,6 +185,20 @@ def load_variant(
     if signer is not None and not signer.verify(signature, "guarded", kind, key, variant, digest):
         raise CorruptPayloadError(where, "signature does not verify under CACHEDB_HMAC_KEY")
     return unpack(blob, size, digest, where=where, full=full or signer is not None)
+
+
+def load_streamed_variant(
+    signer: Signer | None, kind: str, key: str, variant: str, source: BlobSource, size: int, digest: str,
+    signature: str | None,
+) -> bytes:
+    """:func:`load_variant` of a payload read in place (a row of :data:`VARIANT_REFS` whose
+    payload is ``NULL``; ``source``: its ``sqlite3.Blob``), decompressed as it is read
+    (:func:`cachedb._payload.unpack_from`): the stored frame is never copied whole into
+    memory. Raises :class:`~cachedb.CorruptPayloadError` as :func:`load_variant` does."""
+    where = f"{kind}/{key}/{variant}"
+    if signer is not None and not signer.verify(signature, "guarded", kind, key, variant, digest):
+        raise CorruptPayloadError(where, "signature does not verify under CACHEDB_HMAC_KEY")
+    return unpack_from(source, size, digest, where=where, full=signer is not None)
 
 
 class GuardedEntryRepository:
@@ -317,7 +349,7 @@ class GuardedEntryRepository:
         rows = self.session.execute(_VARIANTS, {"kind": kind, "key": key}).all()
         out = [
             (v, functools.partial(load_variant, self.signer, kind, key, v, blob, size, digest, signature, full=full))
-            for v, blob, size, digest, signature in rows
+            for v, blob, size, digest, signature, _id in rows
         ]
         out.sort(key=lambda item: item[0])
         return out
