@@ -675,7 +675,13 @@ def test_a_large_variant_is_read_in_place_and_checked(tmp_path: Path, monkeypatc
         for payload in payloads:
             FxGraphCache._write_to_local_cache(key, payload)
         served = [content for _, content, _ in FxGraphCache.iterate_over_candidates(True, None, key)]
-    assert served == payloads
+        assert served == payloads
+        from cachedb.live import _seams
+
+        store = _seams._active_store()
+        with store.db.kept.acquire() as held:  # another thread's use: the lookup takes a pooled connection
+            assert held is not None
+            assert [content for _, content in store.guarded_candidates("fxgraph", key)] == payloads
     raw = sqlite3.connect(db_path)
     (stored,) = raw.execute("SELECT payload FROM guarded_entries WHERE variant = ?", (sha256_hash(payloads[1]),)).fetchone()
     damaged = bytearray(stored)
