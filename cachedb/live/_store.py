@@ -179,8 +179,9 @@ class LiveStore:
             yield from self._loaded(kind, key, [row for row in more if row[0] not in served])
 
     def _variant_rows(self, kind: str, key: str) -> list[tuple[Any, ...]]:
-        """The stored rows (:data:`cachedb.repositories.guarded.VARIANTS`) of ``key``, sorted
-        by variant name as Inductor sorts its file names; none while pickles are refused."""
+        """The stored rows of ``key`` (:data:`cachedb.repositories.guarded.VARIANTS`, or
+        ``VARIANT_REFS`` where the kept connection reads in place), sorted by variant name as
+        Inductor sorts its file names; none while pickles are refused."""
         db = self.db  # opening it decides whether pickles are refused
         if self.pickles_refused is not None:
             return []

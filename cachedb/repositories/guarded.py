@@ -7,11 +7,12 @@ import functools
 import hashlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import Connection, bindparam, case, delete, func, insert, null, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
-from sqlalchemy.sql import Insert
+from sqlalchemy.sql import ColumnElement, Insert, Select
 
 from .._bulk import bulk_insert, dialect_insert
 from .._engine import holds_write_lock
@@ -25,25 +26,22 @@ from ..models import GUARDED_KINDS, GuardedEntry, QuarantinedEntry, utcnow
 
 _G = GuardedEntry.__table__
 
+def _variants(payload: ColumnElement[bytes]) -> Select[Any]:
+    return (
+        select(_G.c.variant, payload, _G.c.size_bytes, _G.c.checksum, _G.c.signature, _G.c.id)
+        .where(_G.c.kind == bindparam("kind"), _G.c.key == bindparam("key"))
+        .order_by(_G.c.variant)
+    )
+
+
 #: Hot path: ``(variant, payload, size_bytes, checksum, signature, id)`` of every variant of
 #: one key, in Inductor's order (sorted file names). Binds: ``kind``, ``key``.
-VARIANTS = _VARIANTS = (
-    select(_G.c.variant, _G.c.payload, _G.c.size_bytes, _G.c.checksum, _G.c.signature, _G.c.id)
-    .where(_G.c.kind == bindparam("kind"), _G.c.key == bindparam("key"))
-    .order_by(_G.c.variant)
-)
+VARIANTS = _VARIANTS = _variants(_G.c.payload)
 #: Hot path on SQLite: :data:`VARIANTS`, but the payload of a variant of
 #: :data:`~cachedb._payload.STREAM_PAYLOAD_BYTES` or more (uncompressed) is ``NULL``: the
 #: query does not read its pages, and :func:`load_streamed_variant` reads them in place when
 #: Inductor reaches it. Binds: ``kind``, ``key``.
-VARIANT_REFS = (
-    select(
-        _G.c.variant, case((_G.c.size_bytes < STREAM_PAYLOAD_BYTES, _G.c.payload), else_=null()),
-        _G.c.size_bytes, _G.c.checksum, _G.c.signature, _G.c.id,
-    )
-    .where(_G.c.kind == bindparam("kind"), _G.c.key == bindparam("key"))
-    .order_by(_G.c.variant)
-)
+VARIANT_REFS = _variants(case((_G.c.size_bytes < STREAM_PAYLOAD_BYTES, _G.c.payload), else_=null()))
 #: The row of :data:`VARIANT_REFS` is still that variant (its id may name another row once it
 #: is deleted). Binds: ``id``, ``kind``, ``key``, ``variant``.
 VARIANT_AT = select(_G.c.id).where(
@@ -173,6 +171,17 @@ def insert_params(prepared: PreparedVariant) -> dict[str, object]:
     return {**prepared.row, "created_at": now, "last_used_at": now}
 
 
+def _signed_where(
+    signer: Signer | None, kind: str, key: str, variant: str, digest: str, signature: str | None
+) -> str:
+    """The variant's name for errors, ``"<kind>/<key>/<variant>"``, once its signature verifies
+    under ``signer`` (none: nothing to verify). Raises :class:`~cachedb.CorruptPayloadError`."""
+    where = f"{kind}/{key}/{variant}"
+    if signer is not None and not signer.verify(signature, "guarded", kind, key, variant, digest):
+        raise CorruptPayloadError(where, "signature does not verify under CACHEDB_HMAC_KEY")
+    return where
+
+
 def load_variant(
     signer: Signer | None, kind: str, key: str, variant: str, blob: bytes, size: int, digest: str,
     signature: str | None, *, full: bool = False,
@@ -181,9 +190,7 @@ def load_variant(
     checksum verified (:func:`cachedb._payload.unpack`; with a ``signer``, or ``full``, by the
     SHA-256 of the content, since the signature signs that digest). Raises
     :class:`~cachedb.CorruptPayloadError` when either fails."""
-    where = f"{kind}/{key}/{variant}"
-    if signer is not None and not signer.verify(signature, "guarded", kind, key, variant, digest):
-        raise CorruptPayloadError(where, "signature does not verify under CACHEDB_HMAC_KEY")
+    where = _signed_where(signer, kind, key, variant, digest, signature)
     return unpack(blob, size, digest, where=where, full=full or signer is not None)
 
 
@@ -195,9 +202,7 @@ def load_streamed_variant(
     payload is ``NULL``; ``source``: its ``sqlite3.Blob``), decompressed as it is read
     (:func:`cachedb._payload.unpack_from`): the stored frame is never copied whole into
     memory. Raises :class:`~cachedb.CorruptPayloadError` as :func:`load_variant` does."""
-    where = f"{kind}/{key}/{variant}"
-    if signer is not None and not signer.verify(signature, "guarded", kind, key, variant, digest):
-        raise CorruptPayloadError(where, "signature does not verify under CACHEDB_HMAC_KEY")
+    where = _signed_where(signer, kind, key, variant, digest, signature)
     return unpack_from(source, size, digest, where=where, full=signer is not None)
 
 
