@@ -39,8 +39,10 @@ def _variants(payload: ColumnElement[bytes]) -> Select[Any]:
 VARIANTS = _VARIANTS = _variants(_G.c.payload)
 #: Hot path on SQLite: :data:`VARIANTS`, but the payload of a variant of
 #: :data:`~cachedb._payload.STREAM_PAYLOAD_BYTES` or more (uncompressed) is ``NULL``: the
-#: query does not read its pages, and :func:`load_streamed_variant` reads them in place when
-#: Inductor reaches it. Binds: ``kind``, ``key``.
+#: query does not copy it, and :func:`load_streamed_variant` reads it in place when Inductor
+#: reaches it. (SQLite still reads its overflow pages once, to reach the columns stored after
+#: ``payload`` in the row: ~1.4 ms for a 20 MB variant on 2 cores; docs/hot-paths.md.)
+#: Binds: ``kind``, ``key``.
 VARIANT_REFS = _variants(case((_G.c.size_bytes < STREAM_PAYLOAD_BYTES, _G.c.payload), else_=null()))
 #: The row of :data:`VARIANT_REFS` is still that variant (its id may name another row once it
 #: is deleted). Binds: ``id``, ``kind``, ``key``, ``variant``.
