@@ -10,6 +10,7 @@ import gc
 import statistics
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -98,7 +99,8 @@ def time_ops(op: Callable[[int], object], indices: Iterable[int]) -> list[float]
 
 
 def interleaved(
-    ops: Mapping[str, Callable[[int], object]], n: int, *, rounds: int = 5, warmup: int = 0
+    ops: Mapping[str, Callable[[int], object]], n: int, *, rounds: int = 5, warmup: int = 0,
+    scopes: Mapping[str, Callable[[], AbstractContextManager[object]]] | None = None,
 ) -> dict[str, list[float]]:
     """Per-call seconds of every op in ``ops`` over indices ``0..n-1``, run in ``rounds``
     alternating blocks (order reversed every other round) so drift in the machine's speed
@@ -106,18 +108,28 @@ def interleaved(
 
     ``warmup`` extra calls per op use indices ``n..n+warmup-1`` before timing starts (give each
     op room for them). Garbage is collected before each block; the collector stays on while
-    timing, as it is in a real caller.
+    timing, as it is in a real caller. ``scopes``: per op, a context entered (untimed) around
+    each of its blocks and its warm-up, e.g. ``cachedb.installed`` for a live op whose seams
+    replace the file methods another op times.
     """
     names = list(ops)
+    scopes = scopes or {}
+
+    def scope(name: str) -> AbstractContextManager[object]:
+        make = scopes.get(name)
+        return make() if make is not None else nullcontext()
+
     for name in names:
-        for i in range(n, n + warmup):
-            ops[name](i)
+        with scope(name):
+            for i in range(n, n + warmup):
+                ops[name](i)
     out: dict[str, list[float]] = {name: [] for name in names}
     rounds = max(1, min(rounds, n))
     bounds = [n * r // rounds for r in range(rounds + 1)]
     for r in range(rounds):
         order = names if r % 2 == 0 else list(reversed(names))
         for name in order:
-            gc.collect()
-            out[name].extend(time_ops(ops[name], range(bounds[r], bounds[r + 1])))
+            with scope(name):
+                gc.collect()
+                out[name].extend(time_ops(ops[name], range(bounds[r], bounds[r + 1])))
     return out

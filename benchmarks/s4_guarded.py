@@ -12,9 +12,10 @@ by zstd workers from 1 MiB, or at ``CACHEDB_COMPRESSION_LEVEL``, checksum, inser
 ``CacheDB.read()`` around ``repos.guarded.candidates(...)`` (decompress, verify) +
 ``pickle.loads`` of each variant, as Inductor unpickles candidates.
 
-cachedb (live): the same two ``FxGraphCache`` calls inside ``cachedb.installed(db)``, measured
-after the others (the seams replace the file methods, so they cannot interleave); their targets
-are issue 11's: put ≤ 2.0x, get ≤ 1.0x of the files.
+cachedb (live): the same two ``FxGraphCache`` calls inside ``cachedb.installed(db)``, in
+blocks that alternate with the others' (each live block installs cachedb and opens its
+database, untimed, before its calls: the seams replace the file methods, so the two cannot run
+in one block); their targets are issue 11's: put ≤ 2.0x, get ≤ 1.0x of the files.
 
 Payloads: :func:`benchmarks._payloads.fx_entry` (source text, metadata tuples, machine code;
 zstd-3 ratio printed in the notes); each put stores a new key with one variant. Units: ms.
@@ -41,7 +42,8 @@ import pickle
 import statistics
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import zstandard
@@ -58,6 +60,8 @@ TITLE = "Guarded entries: put / get vs FxGraphCache files"
 
 #: (label, payload bytes, repetitions full, repetitions quick)
 CASES = [("100 KB", 100_000, 60, 20), ("20 MB", 20_000_000, 7, 3)]
+#: A key no case stores: a live block's untimed first lookup (it opens the database).
+ABSENT_KEY = "f" + "0" * 51
 
 
 def _median_s(fn: Callable[[], object], reps: int = 5) -> float:
@@ -280,27 +284,40 @@ def run(ctx: Context) -> SectionResult:
                 entries = [pickle.loads(content) for _variant, content in found]
                 assert len(entries) == 1 and entries[0].nonce == j
 
-            ctx.log(f"guarded {label}: {reps} puts and gets per contender")
-            puts = interleaved({"files": put_files, "cachedb": put_cachedb}, reps, warmup=warm, rounds=min(reps, 5))
-            gets = interleaved({"files": get_files, "cachedb": get_cachedb}, reps, warmup=warm, rounds=min(reps, 5))
+            def put_live(i: int) -> None:  # inside live_scope
+                j = slot(2, i)
+                FxGraphCache._write_to_local_cache(keys[j], payloads[j])
+
+            def get_live(i: int) -> None:  # inside live_scope
+                j = slot(2, i)
+                got = list(FxGraphCache.iterate_over_candidates(True, None, keys[j]))
+                assert len(got) == 1 and got[0][0].nonce == j
+
+            scope_count = [0]
+
+            @contextmanager
+            def live_scope() -> Iterator[None]:
+                """The same FxGraphCache calls, served by cachedb: ``cachedb.installed`` for one
+                block. What a process pays once per store is paid before the block's timed
+                calls, as a long-running process has paid it: the database opened (a lookup of
+                an absent key) and a first write (a small entry under a key of its own: the
+                fingerprint recorded, the write statements prepared)."""
+                scope_count[0] += 1
+                with cachedb.installed(db_path):
+                    assert not list(FxGraphCache.iterate_over_candidates(True, None, ABSENT_KEY))
+                    warm_key = P.fx_key(90_000_000 + size + scope_count[0])
+                    FxGraphCache._write_to_local_cache(warm_key, P.fx_entry(1_000, -scope_count[0]))
+                    yield
+
+            ctx.log(f"guarded {label}: {reps} puts and gets per contender, live in alternating blocks")
+            scopes = {"live": live_scope}
+            puts = interleaved({"files": put_files, "cachedb": put_cachedb, "live": put_live}, reps, warmup=warm,
+                               rounds=min(reps, 5), scopes=scopes)
+            gets = interleaved({"files": get_files, "cachedb": get_cachedb, "live": get_live}, reps, warmup=warm,
+                               rounds=min(reps, 5), scopes=scopes)
+            live_put, live_get = puts["live"], gets["live"]
             files_faults = _minor_faults(get_files, reps)
-
-            ctx.log(f"guarded {label}: the same FxGraphCache calls inside cachedb.installed")
-            with cachedb.installed(db_path):
-
-                def put_live(i: int) -> None:
-                    j = slot(2, i)
-                    FxGraphCache._write_to_local_cache(keys[j], payloads[j])
-
-                def get_live(i: int) -> None:
-                    j = slot(2, i)
-                    got = list(FxGraphCache.iterate_over_candidates(True, None, keys[j]))
-                    assert len(got) == 1 and got[0][0].nonce == j
-
-                put_live(reps)
-                get_live(reps)
-                live_put = time_ops(put_live, range(reps))
-                live_get = time_ops(get_live, range(reps))
+            with live_scope():
                 live_faults = _minor_faults(get_live, reps)
             first = _first_gets(ctx, _cache_dir, db_path, keys[slot(0, 0)], slot(0, 0), keys[slot(2, 0)], slot(2, 0))
             if first is not None:

@@ -58,3 +58,32 @@ def test_quick_benchmark_writes_results(tmp_path: Path) -> None:
     assert "best_configs" in md and "disk" in md
     # Nothing was left in the scratch area: the run removes its own scratch directory.
     assert [p.name for p in tmp_path.iterdir()] == ["results"]
+
+
+def test_interleaved_runs_each_block_of_an_op_inside_its_scope() -> None:
+    """``interleaved(..., scopes=...)``: every call of a scoped op (its warm-up included) runs
+    inside a scope entered for its block, never inside another op's; blocks alternate."""
+    from contextlib import contextmanager
+
+    from benchmarks._stats import interleaved
+
+    inside: list[bool] = [False]
+    entered: list[int] = []
+    calls: list[tuple[str, int, bool]] = []
+
+    @contextmanager
+    def scope():  # type: ignore[no-untyped-def]
+        inside[0] = True
+        entered.append(len(calls))
+        try:
+            yield
+        finally:
+            inside[0] = False
+
+    ops = {name: (lambda i, name=name: calls.append((name, i, inside[0]))) for name in ("files", "live")}
+    out = interleaved(ops, 6, rounds=3, warmup=1, scopes={"live": scope})
+    assert [len(v) for v in out.values()] == [6, 6]
+    assert all(flag == (name == "live") for name, _i, flag in calls)
+    assert len(entered) == 1 + 3  # the warm-up, then one scope per block
+    order = [name for name, i, _ in calls if i < 6]
+    assert order == ["files"] * 2 + ["live"] * 4 + ["files"] * 4 + ["live"] * 2
