@@ -52,7 +52,8 @@ LARGE_PAYLOAD_BYTES = 1 << 20
 ZSTD_THREADS_LARGE = max(1, min(4, os.cpu_count() or 1))
 
 #: Environment variable: the zstd level of every payload this process writes, as ccache's
-#: ``compression_level``. Unset or 0: :data:`ZSTD_LEVEL`.
+#: ``compression_level``. Unset or 0: :data:`ZSTD_LEVEL`, except guarded entries under
+#: :data:`GUARDED_STORED_BELOW_BYTES`, stored as they are (:func:`guarded_level`).
 #: Negative levels (zstd's ``--fast=N`` is level -N) trade bytes for speed: at -1000 a payload
 #: is stored as it is (ratio 1.0), still in a zstd frame with its content checksum. Readers
 #: take any level; the setting changes what is written, never what can be read.
@@ -64,13 +65,24 @@ MIN_COMPRESSION_LEVEL = -(1 << 17)
 
 _level_setting: tuple[str | None, int | None] = (None, None)  # (raw value, parsed level)
 
+#: zstd level at which a payload is stored as it is (ratio 1.0): a frame of raw blocks that
+#: still records the content size and XXH64 checksum, so every cachedb reads and verifies it
+#: as any other payload. On a 100 KB FX graph entry (2 cores): 15 us to write and 9 us to read,
+#: against 144 us and 64 us at :data:`ZSTD_LEVEL`.
+STORED_LEVEL = -1000
+#: Guarded entries (FX graph and AOTAutograd pickles) of fewer uncompressed bytes than this
+#: are stored as they are (:data:`STORED_LEVEL`) unless :data:`LEVEL_ENV` is set (1 MiB, as
+#: :data:`LARGE_PAYLOAD_BYTES`). Inductor reads such a file in ~0.03 ms from the page cache,
+#: and zstd's decompression alone took 0.06-0.13 ms: compressed, a live FX graph get was
+#: 1.2-2.1x the file get; stored, 0.92x (``benchmarks`` §4, docs/hot-paths.md). They take
+#: the bytes their files take. Larger ones stay compressed: their put would cost 2.75x the
+#: file write uncompressed, and their get is bound by SQLite's page reads either way.
+GUARDED_STORED_BELOW_BYTES = LARGE_PAYLOAD_BYTES
 
-def compression_level() -> int:
-    """The zstd level :func:`pack` uses for every payload: the integer in :data:`LEVEL_ENV`
-    when it is set, non-zero and within zstd's levels (:data:`MIN_COMPRESSION_LEVEL` to 22),
-    else :data:`ZSTD_LEVEL`.
-    A value that is not such an integer is logged once per value (naming the variable and the
-    value) and the default is used: a bad setting never fails a write."""
+
+def _configured_level() -> int | None:
+    """The level in :data:`LEVEL_ENV`, or None when it is unset, 0 or not a zstd level (a bad
+    value is logged once per value)."""
     global _level_setting
     raw = os.environ.get(LEVEL_ENV)
     if raw != _level_setting[0]:
@@ -86,10 +98,28 @@ def compression_level() -> int:
                 log.warning("%s=%r is not a zstd level (%s); payloads use the default level", LEVEL_ENV, raw, exc)
                 level = None
         _level_setting = (raw, level or None)
-    chosen = _level_setting[1]
+    return _level_setting[1]
+
+
+def compression_level() -> int:
+    """The zstd level :func:`pack` uses for a payload by default: the integer in
+    :data:`LEVEL_ENV` when it is set, non-zero and within zstd's levels
+    (:data:`MIN_COMPRESSION_LEVEL` to 22), else :data:`ZSTD_LEVEL`.
+    A value that is not such an integer is logged once per value (naming the variable and the
+    value) and the default is used: a bad setting never fails a write."""
+    chosen = _configured_level()
+    return ZSTD_LEVEL if chosen is None else chosen
+
+
+def guarded_level(size_bytes: int) -> int:
+    """The zstd level of a guarded entry (FX graph or AOTAutograd pickle) of ``size_bytes``
+    uncompressed bytes: :data:`LEVEL_ENV` when it is set (as :func:`compression_level`), else
+    :data:`STORED_LEVEL` below :data:`GUARDED_STORED_BELOW_BYTES` and :data:`ZSTD_LEVEL` from
+    there."""
+    chosen = _configured_level()
     if chosen is not None:
         return chosen
-    return ZSTD_LEVEL
+    return STORED_LEVEL if size_bytes < GUARDED_STORED_BELOW_BYTES else ZSTD_LEVEL
 
 
 #: The header of the skippable frame that ends a format-2 payload: zstd's first skippable
@@ -155,13 +185,14 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_LARGE.forget_in_child)
 
 
-def pack(data: bytes, *, digest: bytes | None = None) -> Packed:
+def pack(data: bytes, *, digest: bytes | None = None, level: int | None = None) -> Packed:
     """Compress ``data`` (bytes) into a format-2 payload: a zstd frame recording its content
-    size and XXH64 checksum, at :func:`compression_level` (with :data:`ZSTD_THREADS_LARGE`
-    workers from :data:`LARGE_PAYLOAD_BYTES` on), then the skippable frame holding its SHA-256
-    digest. ``digest``: that digest (32 bytes) when the caller already has it (saves hashing
-    twice)."""
-    level = compression_level()
+    size and XXH64 checksum, at ``level`` (default :func:`compression_level`; with
+    :data:`ZSTD_THREADS_LARGE` workers from :data:`LARGE_PAYLOAD_BYTES` on), then the
+    skippable frame holding its SHA-256 digest. ``digest``: that digest (32 bytes) when the
+    caller already has it (saves hashing twice)."""
+    if level is None:
+        level = compression_level()
     if len(data) >= LARGE_PAYLOAD_BYTES:
         frame = _LARGE.compress(data, level)
     else:

@@ -45,7 +45,7 @@ from .fingerprint import Fingerprint
 from ._import_pool import default_workers, map_in_workers
 from ._import_walk import CUTLASS_FILE, GUARDED_KINDS, Item, Problem, Scanner, bytes_of, scan
 from ._own_pickle import read_own_entry_fields
-from ._payload import Packed, pack
+from ._payload import Packed, guarded_level, pack
 from ._pickle_scan import EntryFields, read_entry_fields
 from .keys import sha256_digest_name
 from .repositories.best_configs import prepare_columns
@@ -170,7 +170,7 @@ def _check_guarded_files(items: Sequence[Item], *, contained: bool) -> list[_Che
             out.append((len(data), checked.reason))
             continue
         f = checked.fields
-        blob = pack(data, digest=checked.digest).blob if contained else None
+        blob = pack(data, digest=checked.digest, level=guarded_level(len(data))).blob if contained else None
         out.append((len(data), checked.digest, checked.variant, f.guards_expr, f.guards_known, f.reason,
                     f.time_taken_ns, data, blob))
     return out

@@ -53,7 +53,8 @@ def test_import_stats_query_export_verify(real_cache: tuple[Path, dict], tmp_pat
     kinds = {row["kind"] for row in stats}
     assert {"fxgraph", "aotautograd", "autotune_timings", "best_config"} <= kinds
     fx = [row for row in stats if row["kind"] == "fxgraph"]
-    assert sum(r["entries"] for r in fx) > 0 and all(r["bytes"] > r["stored_bytes"] > 0 for r in fx)
+    # stored as they are (under 1 MiB): each in a zstd frame and a 40-byte trailer
+    assert sum(r["entries"] for r in fx) > 0 and all(0 < r["stored_bytes"] <= r["bytes"] + 100 * r["entries"] for r in fx)
 
     csv_out = run("--db", db, "query", "SELECT kind, count(*) AS n FROM guarded_entries GROUP BY kind ORDER BY kind",
                   "--format", "csv").output

@@ -700,15 +700,52 @@ def test_a_large_variant_is_read_in_place_and_checked(tmp_path: Path, monkeypatc
     db.close()
 
 
+def _small_entry(n: int) -> bytes:
+    """An FX graph entry pickle of ~100 KB (stored as it is, under 1 MiB)."""
+    import pickle
+    from types import SimpleNamespace
+
+    return pickle.dumps(SimpleNamespace(guards_expr=f"s0 < {n}", n=n, blob=os.urandom(50_000) + bytes(50_000)))
+
+
 @pytest.mark.skipif(not hasattr(sqlite3.Connection, "blobopen"), reason="sqlite3 reads in place from Python 3.11")
+def test_the_lookup_query_copies_only_the_first_small_variant(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On SQLite the live lookup's query (VARIANT_REFS) copies the payload of a key's first
+    variant in Inductor's order, when it is under 1 MiB, and no other: Inductor most often
+    stops there, and a small variant is stored uncompressed. The others are read in place,
+    checked, when Inductor reaches them; torch gets every variant's bytes, in its order."""
+    import cachedb
+    from cachedb.keys import sha256_hash
+    from cachedb.live import _seams
+    from cachedb.repositories import guarded as guarded_repo
+    from torch._inductor.codecache import FxGraphCache
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    db_path = tmp_path / "first.db"
+    key = "ffirstvariant" + "0" * 39
+    payloads = sorted([_small_entry(n) for n in (8, 16, 32)] + [_large_entry(64)], key=sha256_hash)
+    with cachedb.installed(db_path):
+        for payload in payloads:
+            FxGraphCache._write_to_local_cache(key, payload)
+        store = _seams._active_store()
+        rows = sorted(store.db.kept.fetch(guarded_repo.VARIANT_REFS, {"kind": "fxgraph", "key": key}))
+        first_small = len(payloads[0]) < 1 << 20
+        assert [row[1] is not None for row in rows] == [first_small, False, False, False]
+        assert [row[0] for row in rows] == [sha256_hash(p) for p in payloads]
+        served = [content for _, content, _ in FxGraphCache.iterate_over_candidates(True, None, key)]
+    assert served == payloads
+
+
+@pytest.mark.skipif(not hasattr(sqlite3.Connection, "blobopen"), reason="sqlite3 reads in place from Python 3.11")
+@pytest.mark.parametrize("size", ["small", "large"])
 @pytest.mark.parametrize("then", ["deleted", "id_reused"])
-def test_a_large_variant_gone_before_inductor_reaches_it_is_absent_not_corrupt(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, then: str
+def test_a_variant_read_in_place_gone_before_inductor_reaches_it_is_absent_not_corrupt(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, then: str, size: str
 ) -> None:
-    """The lookup's one query reads a key's rows; a large variant's payload is read when
-    Inductor reaches it. Evicted meanwhile by another process, or its id taken by a new row,
-    it is skipped as absent: nothing is quarantined, nothing is warned about, nothing else is
-    served in its place."""
+    """The lookup's one query reads a key's rows; the payload of a variant after the first (or
+    of a large one) is read when Inductor reaches it. Evicted meanwhile by another process, or
+    its id taken by a new row, it is skipped as absent: nothing is quarantined, nothing is
+    warned about, nothing else is served in its place."""
     import cachedb
     from cachedb.keys import sha256_hash
     from cachedb.live import _seams
@@ -717,7 +754,8 @@ def test_a_large_variant_gone_before_inductor_reaches_it_is_absent_not_corrupt(
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     db_path = tmp_path / "gone.db"
     key = "fgoneinplace" + "0" * 40
-    first, second = sorted((_large_entry(8), _large_entry(64)), key=sha256_hash)
+    entry = _small_entry if size == "small" else _large_entry
+    first, second = sorted((entry(8), entry(64)), key=sha256_hash)
     with cachedb.installed(db_path):
         FxGraphCache._write_to_local_cache(key, first)
         FxGraphCache._write_to_local_cache(key, second)

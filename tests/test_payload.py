@@ -136,11 +136,12 @@ def test_a_forked_child_compresses_large_payloads() -> None:
 def test_the_level_setting_changes_what_is_written_never_what_is_read(
     real_cache: tuple[Path, dict], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """CACHEDB_COMPRESSION_LEVEL sets the zstd level of every payload an import writes: -1000
-    stores a real Inductor cache's FX graph and AOTAutograd entries next to uncompressed
-    (in checked zstd frames), 19 smaller than the default; a process without the setting reads
-    all three databases back to the files' bytes."""
-    from cachedb._payload import LEVEL_ENV
+    """Without CACHEDB_COMPRESSION_LEVEL an import stores a real Inductor cache's FX graph and
+    AOTAutograd entries (all under 1 MiB) as they are, in checked zstd frames: the same bytes
+    as the setting -1000 writes. The setting sets the zstd level of every payload: 1 shrinks
+    them to under half, 19 smaller still; a process without the setting reads all four
+    databases back to the files' bytes."""
+    from cachedb._payload import GUARDED_STORED_BELOW_BYTES, LEVEL_ENV
     from cachedb.importer import Importer, scan
     from cachedb.stats import collect
 
@@ -150,9 +151,10 @@ def test_the_level_setting_changes_what_is_written_never_what_is_read(
         for item in scan(cache_dir)[0]
         if item.kind in ("fxgraph", "aotautograd")
     }
-    assert files
+    assert files and max(len(b) for b in files.values()) < GUARDED_STORED_BELOW_BYTES
     stored: dict[str, dict[str, int]] = {}
-    for setting in ("", "-1000", "19"):
+    settings = ("", "-1000", "1", "19")
+    for setting in settings:
         monkeypatch.setenv(LEVEL_ENV, setting)
         db = CacheDB(tmp_path / f"level{setting or 'default'}.db")
         assert Importer(db, workers=0).run(cache_dir).problems == []
@@ -163,16 +165,59 @@ def test_the_level_setting_changes_what_is_written_never_what_is_read(
     raw = stored[""]["bytes"]
     assert raw == sum(len(b) for b in files.values())
     assert stored["-1000"]["stored"] > 0.9 * raw  # next to stored as it is (runs still shrink)
-    assert stored[""]["stored"] < raw / 2
-    assert stored["19"]["stored"] < stored[""]["stored"]
+    assert stored[""]["stored"] == stored["-1000"]["stored"]
+    assert stored["1"]["stored"] < raw / 2
+    assert stored["19"]["stored"] < stored["1"]["stored"]
 
     monkeypatch.delenv(LEVEL_ENV)
-    for setting in ("", "-1000", "19"):
+    for setting in settings:
         db = CacheDB(tmp_path / f"level{setting or 'default'}.db")
         with db.read() as repos:
             got = {(e.kind, e.key, e.variant): e.payload for e in repos.guarded.iter_all()}
         db.close()
         assert got == files
+
+
+def test_guarded_entries_under_1_mib_are_stored_as_they_are(
+    real_cache: tuple[Path, dict], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """By default a guarded entry under GUARDED_STORED_BELOW_BYTES is written in a zstd frame
+    of raw blocks (STORED_LEVEL: its content as it is, with its size and content checksum),
+    one from there at ZSTD_LEVEL; a best config or a kernel artifact at ZSTD_LEVEL whatever its
+    size. Each reads back to its bytes."""
+    from cachedb import _payload
+
+    monkeypatch.delenv(_payload.LEVEL_ENV, raising=False)
+    cache_dir, _ = real_cache
+    real = next(
+        p.read_bytes() for p in sorted(cache_dir.rglob("*")) if p.is_file() and p.relative_to(cache_dir).parts[0] == "fxgraph"
+    )
+    limit = _payload.GUARDED_STORED_BELOW_BYTES
+    large = (real * (1 + limit // len(real)))[:limit]
+    db = CacheDB(tmp_path / "levels.db")
+    with db.transaction() as repos:
+        for n, payload in enumerate((real, large)):
+            repos.guarded.put("fxgraph", f"f{n}" + "0" * 50, payload, guards_expr=None)
+    with db.read() as repos:
+        stored = dict(repos.session.execute(text("SELECT size_bytes, payload FROM guarded_entries")).all())
+        got = sorted(e.payload for e in repos.guarded.iter_all())
+    db.close()
+    assert got == sorted((real, large))
+
+    def frame(data: bytes, level: int) -> bytes:
+        return zstandard.ZstdCompressor(level=level, write_content_size=True, write_checksum=True).compress(data)
+
+    assert stored[len(real)][:-TRAILER_BYTES] == frame(real, _payload.STORED_LEVEL)
+    assert len(stored[len(real)]) > len(real)  # the content as it is, and its frame
+    assert len(stored[limit]) < limit / 2  # compressed
+    assert zstandard.ZstdDecompressor().decompress(stored[limit][:-TRAILER_BYTES]) == large
+    assert _payload.guarded_level(limit - 1) == _payload.STORED_LEVEL
+    assert _payload.guarded_level(limit) == _payload.ZSTD_LEVEL
+    monkeypatch.setenv(_payload.LEVEL_ENV, "3")
+    assert _payload.guarded_level(limit - 1) == _payload.guarded_level(limit) == 3
+    assert _payload.pack(real).blob[:-TRAILER_BYTES] == frame(real, 3)
+    monkeypatch.delenv(_payload.LEVEL_ENV)
+    assert _payload.pack(real).blob[:-TRAILER_BYTES] == frame(real, _payload.ZSTD_LEVEL)
 
 
 @pytest.mark.parametrize("value", ["fast", "23", "1.5", "-131073", "-" + "9" * 30])

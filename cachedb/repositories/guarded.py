@@ -17,7 +17,7 @@ from sqlalchemy.sql import ColumnElement, Insert, Select
 from .._bulk import bulk_insert, dialect_insert
 from .._engine import holds_write_lock
 from .._errors import CorruptPayloadError
-from .._payload import STREAM_PAYLOAD_BYTES, BlobSource, Packed, pack, unpack, unpack_from
+from .._payload import STREAM_PAYLOAD_BYTES, BlobSource, Packed, guarded_level, pack, unpack, unpack_from
 from .._own_pickle import read_own_entry_fields
 from .._pickle_scan import EntryFields, read_entry_fields
 from .._signing import Signer
@@ -37,13 +37,30 @@ def _variants(payload: ColumnElement[bytes]) -> Select[Any]:
 #: Hot path: ``(variant, payload, size_bytes, checksum, signature, id)`` of every variant of
 #: one key, in Inductor's order (sorted file names). Binds: ``kind``, ``key``.
 VARIANTS = _VARIANTS = _variants(_G.c.payload)
-#: Hot path on SQLite: :data:`VARIANTS`, but the payload of a variant of
-#: :data:`~cachedb._payload.STREAM_PAYLOAD_BYTES` or more (uncompressed) is ``NULL``: the
-#: query does not copy it, and :func:`load_streamed_variant` reads it in place when Inductor
-#: reaches it. (SQLite still reads its overflow pages once, to reach the columns stored after
-#: ``payload`` in the row: ~1.4 ms for a 20 MB variant on 2 cores; docs/hot-paths.md.)
+#: The first variant of one key in Inductor's order (the least name). Binds: ``kind``, ``key``.
+_FIRST = _G.alias("first_variant")
+_FIRST_VARIANT = (
+    select(func.min(_FIRST.c.variant))
+    .where(_FIRST.c.kind == bindparam("kind"), _FIRST.c.key == bindparam("key"))
+    .scalar_subquery()
+)
+#: Hot path on SQLite: :data:`VARIANTS`, but only the first variant's payload (Inductor's
+#: order), and only when it is under :data:`~cachedb._payload.STREAM_PAYLOAD_BYTES`
+#: (uncompressed): every other payload is ``NULL``, not copied by the query, and
+#: :func:`load_streamed_variant` reads it in place when Inductor reaches it. Inductor stops at
+#: the first variant whose guards hold, most often the first; guarded entries under 1 MiB are
+#: stored uncompressed (:func:`cachedb._payload.guarded_level`), and copying every variant of a
+#: key made a lookup that stops at the first 2-3.4x the file get (§4, four variants). (SQLite
+#: still reads a large payload's overflow pages once, to reach the columns stored after
+#: ``payload`` in the row: ~1.4 ms for a 20 MB variant on 2 cores; docs/hot-paths.md.) The
+#: first variant's name comes from the ``(kind, key, variant)`` index, once per query.
 #: Binds: ``kind``, ``key``.
-VARIANT_REFS = _variants(case((_G.c.size_bytes < STREAM_PAYLOAD_BYTES, _G.c.payload), else_=null()))
+VARIANT_REFS = _variants(
+    case(
+        ((_G.c.size_bytes < STREAM_PAYLOAD_BYTES) & (_G.c.variant == _FIRST_VARIANT), _G.c.payload),
+        else_=null(),
+    )
+)
 #: The row of :data:`VARIANT_REFS` is still that variant (its id may name another row once it
 #: is deleted). Binds: ``id``, ``kind``, ``key``, ``variant``.
 VARIANT_AT = select(_G.c.id).where(
@@ -118,7 +135,8 @@ class ScannedPayload:
     and scans nothing again: ``digest`` is ``hashlib.sha256(payload).digest()`` (32 bytes),
     ``variant`` is ``sha256_digest_name(digest)`` (the entry's file name), ``fields`` are
     :func:`cachedb._pickle_scan.read_entry_fields` of ``payload``; ``packed``, when the
-    checker already compressed it, is ``pack(payload, digest=digest)``."""
+    checker already compressed it, is ``pack(payload, digest=digest,
+    level=guarded_level(len(payload)))``."""
 
     kind: str
     key: str
@@ -155,7 +173,7 @@ def prepare_pickled(
     variant = sha256_digest_name(digest)
     read_fields = read_own_entry_fields if own else read_entry_fields
     fields = read_fields(payload, where=where or f"{kind}/{key}")
-    packed = pack(payload, digest=digest)
+    packed = pack(payload, digest=digest, level=guarded_level(len(payload)))
     row: dict[str, object] = {
         "kind": kind, "key": key, "variant": variant,
         "guards_expr": fields.guards_expr, "guards_known": fields.guards_known,
@@ -236,7 +254,7 @@ class GuardedEntryRepository:
         params = {"kind": kind, "key": key, "variant": variant}
         if self.session.execute(_EXISTS, params).first() is not None:
             return variant, False
-        packed = pack(payload, digest=digest)
+        packed = pack(payload, digest=digest, level=guarded_level(len(payload)))
         now = utcnow()
         row = {
             **params,
@@ -290,7 +308,9 @@ class GuardedEntryRepository:
                 added.append(False)
                 continue
             existing.add((kind, key, variant))
-            packed = entry.packed or pack(entry.payload, digest=entry.digest)
+            packed = entry.packed or pack(
+                entry.payload, digest=entry.digest, level=guarded_level(len(entry.payload))
+            )
             rows.append({
                 "kind": kind, "key": key, "variant": variant,
                 "guards_expr": fields.guards_expr, "guards_known": fields.guards_known,
