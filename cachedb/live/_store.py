@@ -185,8 +185,9 @@ class LiveStore:
         db = self.db  # opening it decides whether pickles are refused
         if self.pickles_refused is not None:
             return []
-        # On SQLite a large payload is left in the database (NULL here) and read in place when
-        # Inductor reaches its variant (:meth:`_loaded`).
+        # On SQLite only the first variant's payload comes with the query, when it is under
+        # 1 MiB; the others are left in the database (NULL here) and read in place when
+        # Inductor reaches their variant (:meth:`_loaded`).
         query = guarded_repo.VARIANT_REFS if db.kept.reads_in_place else guarded_repo.VARIANTS
         rows = db.kept.fetch(query, {"kind": kind, "key": key})
         rows.sort(key=lambda row: row[0])
@@ -196,8 +197,9 @@ class LiveStore:
         """``(variant, payload)`` of ``rows``, each decompressed and verified when it is asked
         for; a corrupt one is warned about, quarantined and skipped. Each row leaves ``rows``
         as it is read, so the compressed payload is freed before the caller unpickles the
-        content; a payload the query left in the database (``NULL``: large, on SQLite) is
-        decompressed as it is read from there, never held whole. Holding the stored frame
+        content; a payload the query left in the database (``NULL``, on SQLite: a variant
+        after the first, or a large one) is decompressed as it is read from there, never held
+        whole, and its size, checksum and signature are read in the same snapshot. Holding the stored frame
         beside the content kept a 20 MB graph's lookup over glibc's heap-trim threshold, and
         every lookup in a loop then faulted its memory in again (§4). A variant deleted since
         the query is skipped as absent."""
@@ -205,13 +207,13 @@ class LiveStore:
         while rows:
             variant, blob, size, digest, signature, row_id = rows.pop()
             try:
-                if blob is None:  # large, on SQLite: decompressed as it is read from the database
+                if blob is None:  # on SQLite, not the first or large: read from the database as it is checked
                     db = self.db
                     found, content = db.kept.read_blob(
                         "guarded_entries", "payload", row_id, guarded_repo.VARIANT_AT,
                         {"id": row_id, "kind": kind, "key": key, "variant": variant},
-                        lambda source: guarded_repo.load_streamed_variant(
-                            db.signer, kind, key, variant, source, size, digest, signature
+                        lambda source, at: guarded_repo.load_streamed_variant(
+                            db.signer, kind, key, variant, source, *at
                         ),
                     )
                     if not found:  # deleted since the query (evicted, quarantined): not there

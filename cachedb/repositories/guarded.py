@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, case, delete, func, insert, null, select, update
+from sqlalchemy import Connection, and_, bindparam, case, delete, func, insert, literal_column, null, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 from sqlalchemy.sql import ColumnElement, Insert, Select
@@ -44,26 +44,37 @@ _FIRST_VARIANT = (
     .where(_FIRST.c.kind == bindparam("kind"), _FIRST.c.key == bindparam("key"))
     .scalar_subquery()
 )
-#: Hot path on SQLite: :data:`VARIANTS`, but only the first variant's payload (Inductor's
-#: order), and only when it is under :data:`~cachedb._payload.STREAM_PAYLOAD_BYTES`
-#: (uncompressed): every other payload is ``NULL``, not copied by the query, and
-#: :func:`load_streamed_variant` reads it in place when Inductor reaches it. Inductor stops at
-#: the first variant whose guards hold, most often the first; guarded entries under 1 MiB are
-#: stored uncompressed (:func:`cachedb._payload.guarded_level`), and copying every variant of a
-#: key made a lookup that stops at the first 2-3.4x the file get (§4, four variants). (SQLite
-#: still reads a large payload's overflow pages once, to reach the columns stored after
-#: ``payload`` in the row: ~1.4 ms for a 20 MB variant on 2 cores; docs/hot-paths.md.) The
-#: first variant's name comes from the ``(kind, key, variant)`` index, once per query.
+#: Hot path on SQLite: :data:`VARIANTS` for the first variant of a key in Inductor's order
+#: when its payload is under :data:`~cachedb._payload.STREAM_PAYLOAD_BYTES` (stored and
+#: uncompressed); every other row gives only its ``variant`` and ``id``, the rest ``NULL``,
+#: and :func:`load_streamed_variant` reads it in place, with its size, checksum and signature
+#: (:data:`VARIANT_AT`), when Inductor reaches it. Inductor stops at the first variant whose
+#: guards hold, most often the first. SQLite stores ``payload`` before ``size_bytes``,
+#: ``checksum`` and ``signature`` in the row, and reaching them walks the payload's overflow
+#: pages (~40 us for 100 KB at 4 KiB pages, ~1.4 ms for 20 MB): a row left ``NULL`` here reads
+#: none of its pages (``length(payload)`` comes from the row's header), so a key's other
+#: variants cost the query nothing (§4, four variants; docs/hot-paths.md). The first
+#: variant's name comes from the ``(kind, key, variant)`` index, once per query.
 #: Binds: ``kind``, ``key``.
-VARIANT_REFS = _variants(
-    case(
-        ((_G.c.size_bytes < STREAM_PAYLOAD_BYTES) & (_G.c.variant == _FIRST_VARIANT), _G.c.payload),
-        else_=null(),
-    )
+_STREAM_BYTES = literal_column(str(int(STREAM_PAYLOAD_BYTES)))  # in the SQL text: no bind per use
+_INLINE = and_(
+    _G.c.variant == _FIRST_VARIANT,
+    func.length(_G.c.payload) < _STREAM_BYTES,
+    _G.c.size_bytes < _STREAM_BYTES,
 )
-#: The row of :data:`VARIANT_REFS` is still that variant (its id may name another row once it
-#: is deleted). Binds: ``id``, ``kind``, ``key``, ``variant``.
-VARIANT_AT = select(_G.c.id).where(
+VARIANT_REFS = (
+    select(
+        _G.c.variant,
+        *(case((_INLINE, column), else_=null()) for column in (_G.c.payload, _G.c.size_bytes, _G.c.checksum, _G.c.signature)),
+        _G.c.id,
+    )
+    .where(_G.c.kind == bindparam("kind"), _G.c.key == bindparam("key"))
+    .order_by(_G.c.variant)
+)
+#: A row of :data:`VARIANT_REFS` left ``NULL``: ``(size_bytes, checksum, signature)`` while
+#: the row ``id`` is still that variant (its id may name another row once it is deleted).
+#: Binds: ``id``, ``kind``, ``key``, ``variant``.
+VARIANT_AT = select(_G.c.size_bytes, _G.c.checksum, _G.c.signature).where(
     _G.c.id == bindparam("id"), _G.c.kind == bindparam("kind"), _G.c.key == bindparam("key"),
     _G.c.variant == bindparam("variant"),
 )
@@ -219,7 +230,8 @@ def load_streamed_variant(
     signature: str | None,
 ) -> bytes:
     """:func:`load_variant` of a payload read in place (a row of :data:`VARIANT_REFS` whose
-    payload is ``NULL``; ``source``: its ``sqlite3.Blob``), decompressed as it is read
+    payload is ``NULL``; ``source``: its ``sqlite3.Blob``; ``size``, ``digest``,
+    ``signature``: its :data:`VARIANT_AT` row), decompressed as it is read
     (:func:`cachedb._payload.unpack_from`): the stored frame is never copied whole into
     memory. Raises :class:`~cachedb.CorruptPayloadError` as :func:`load_variant` does."""
     where = _signed_where(signer, kind, key, variant, digest, signature)
