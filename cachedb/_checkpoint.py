@@ -10,8 +10,8 @@ checkpoint.
 The connection each process keeps for the hot paths (:class:`cachedb._engine.KeptConnection`)
 therefore runs with ``wal_autocheckpoint = 0`` and tells a :class:`BackgroundCheckpointer`
 how many bytes each write bound; once its writes since the last checkpoint add up to
-:data:`CHECKPOINT_WAL_BYTES` (each counted as its bytes plus :data:`WRITE_OVERHEAD_BYTES` for
-the table and index pages it touches), the checkpointer's thread runs
+:data:`CHECKPOINT_WAL_BYTES` (each counted as its bytes plus :data:`WRITE_OVERHEAD_PAGES`
+of the database's pages for the table and index pages it touches), the checkpointer's thread runs
 ``PRAGMA wal_checkpoint(PASSIVE)`` on a connection of its own (it waits for no reader or
 writer, like SQLite's own automatic checkpoint). The WAL file's size cannot tell: SQLite
 reuses the file from its start after a checkpoint without shrinking it. Nothing committed
@@ -30,11 +30,16 @@ from pathlib import Path
 log = logging.getLogger("cachedb")
 
 #: Bytes written since the last checkpoint from which a write wakes the checkpointer: SQLite's
-#: own threshold (1,000 pages of 4 KiB).
+#: own threshold at its default page size (``wal_autocheckpoint``: 1,000 pages of 4 KiB). At
+#: larger pages too: the WAL file keeps its largest size, and the copy runs off the hot path.
 CHECKPOINT_WAL_BYTES = 1000 * 4096
-#: What a write is counted for beyond the bytes it binds: four 4 KiB pages (a table leaf, index
-#: leaves), so that a run of small writes is checkpointed about as often as SQLite would.
-WRITE_OVERHEAD_BYTES = 4 * 4096
+#: What a write is counted for beyond the bytes it binds: four pages (a table leaf, index
+#: leaves; every changed page goes to the WAL whole), so that a run of small writes is
+#: checkpointed about as often as its WAL bytes call for.
+WRITE_OVERHEAD_PAGES = 4
+#: :data:`WRITE_OVERHEAD_PAGES` in bytes at SQLite's default page size (4 KiB);
+#: :meth:`BackgroundCheckpointer.set_page_size` scales it to a database's.
+WRITE_OVERHEAD_BYTES = WRITE_OVERHEAD_PAGES * 4096
 
 
 class BackgroundCheckpointer:
@@ -50,6 +55,7 @@ class BackgroundCheckpointer:
         self._pending = 0  # bytes counted since the last wake-up
         self._busy_timeout_s = busy_timeout_s
         self._wal_bytes = wal_bytes
+        self._overhead = WRITE_OVERHEAD_BYTES
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -57,12 +63,18 @@ class BackgroundCheckpointer:
         self.checkpoints = 0
         self.closed = False
 
+    def set_page_size(self, page_size: int) -> None:
+        """Count a write's overhead as :data:`WRITE_OVERHEAD_PAGES` pages of ``page_size``
+        bytes (the database's ``PRAGMA page_size``)."""
+        if page_size > 0:
+            self._overhead = WRITE_OVERHEAD_PAGES * page_size
+
     def after_write(self, nbytes: int) -> None:
         """After a commit of ``nbytes`` bound bytes on a connection without automatic
         checkpoints: wake the thread once the writes since the last wake-up add up to
         :data:`CHECKPOINT_WAL_BYTES`. Never raises; where no thread can be started, checkpoints
         on the caller's thread instead."""
-        self._pending += nbytes + WRITE_OVERHEAD_BYTES
+        self._pending += nbytes + self._overhead
         if self.closed or self._pending < self._wal_bytes:
             return
         self._pending = 0

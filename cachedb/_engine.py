@@ -506,6 +506,7 @@ class KeptConnection:
             if self.checkpointer is not None:  # its writes leave checkpoints to the checkpointer
                 self._autocheckpoint = self._dbapi.execute("PRAGMA wal_autocheckpoint").fetchone()[0]
                 self._dbapi.execute("PRAGMA wal_autocheckpoint = 0")
+                self.checkpointer.set_page_size(self._dbapi.execute("PRAGMA page_size").fetchone()[0])
         return conn
 
     def _discard(self) -> None:

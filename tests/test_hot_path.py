@@ -777,3 +777,37 @@ def test_a_variant_read_in_place_gone_before_inductor_reaches_it_is_absent_not_c
     with db.engine.connect() as conn:
         assert conn.exec_driver_sql("SELECT count(*) FROM quarantined_entries").scalar_one() == 0
     db.close()
+
+
+def test_new_databases_take_16_kib_pages_and_old_ones_keep_theirs(tmp_path: Path) -> None:
+    """A database cachedb creates has PAGE_SIZE pages (a 100 KB payload is then 7 page reads,
+    not 25); one made at SQLite's default 4 KiB keeps its pages, serves and stores entries as
+    before, and its kept connection's checkpointer counts a write's overhead in its pages."""
+    import pickle
+    from types import SimpleNamespace
+
+    from cachedb._checkpoint import WRITE_OVERHEAD_PAGES
+    from cachedb._engine import PAGE_SIZE
+
+    payload = pickle.dumps(SimpleNamespace(guards_expr="s0 < 8", blob=os.urandom(100_000)))
+    sizes = {}
+    for name, convert in (("new", False), ("old", True)):
+        path = tmp_path / f"{name}.db"
+        CacheDB(path).close()  # created at the head revision
+        if convert:  # as a database made before: SQLite's default page size
+            raw = sqlite3.connect(path, isolation_level=None)
+            raw.execute("PRAGMA journal_mode = DELETE")
+            raw.execute("PRAGMA page_size = 4096")
+            raw.execute("VACUUM")
+            raw.execute("PRAGMA journal_mode = WAL")
+            raw.close()
+        store = LiveStore(str(path), trust=True)
+        store.guarded_put("fxgraph", "fpages" + "0" * 46, payload)
+        assert [content for _, content in store.guarded_candidates("fxgraph", "fpages" + "0" * 46)] == [payload]
+        page_size = store.db.kept._dbapi.execute("PRAGMA page_size").fetchone()[0]
+        checkpointer = store.db.kept.checkpointer
+        assert checkpointer is not None and checkpointer._overhead == WRITE_OVERHEAD_PAGES * page_size
+        assert not store._warned
+        store.close()
+        sizes[name] = page_size
+    assert sizes == {"new": PAGE_SIZE, "old": 4096}
