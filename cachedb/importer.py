@@ -137,8 +137,9 @@ def _check_guarded(
 #: A checked guarded entry file as :func:`_check_guarded_files` returns it (plain tuples: a
 #: worker's results are pickled back, and dataclasses cost ~18 us a file to pickle and unpickle
 #: against ~1 us): ``(bytes read, reason)`` for a file that cannot be imported, else ``(bytes
-#: read, digest, variant, guards_expr, guards_known, guards_note, time_taken_ns, payload,
-#: compressed payload or None)``. :func:`_decode_checked` makes it a Problem or ScannedPayload.
+#: read, digest, variant, guards_expr, guards_known, guards_note, time_taken_ns, payload or
+#: None, stored frame or None)``: a worker sends the stored frame, not the payload.
+#: :func:`_decode_checked` makes it a Problem or ScannedPayload.
 _Checked = tuple[Any, ...]
 
 
@@ -170,9 +171,11 @@ def _check_guarded_files(items: Sequence[Item], *, contained: bool) -> list[_Che
             out.append((len(data), checked.reason))
             continue
         f = checked.fields
+        # a worker sends back the stored frame alone, not the content beside it (an FX graph
+        # entry under 1 MiB is stored as it is: the pipe would carry its bytes twice)
         blob = pack(data, digest=checked.digest, level=guarded_level(len(data))).blob if contained else None
         out.append((len(data), checked.digest, checked.variant, f.guards_expr, f.guards_known, f.reason,
-                    f.time_taken_ns, data, blob))
+                    f.time_taken_ns, None if contained else data, blob))
     return out
 
 
@@ -180,9 +183,9 @@ def _decode_checked(item: Item, checked: _Checked) -> Problem | ScannedPayload:
     """The :data:`_Checked` of ``item`` as the repository takes it."""
     if len(checked) == 2:
         return Problem(item.rel, checked[1])
-    _, digest, variant, guards_expr, guards_known, note, time_ns, data, blob = checked
+    size, digest, variant, guards_expr, guards_known, note, time_ns, data, blob = checked
     fields = EntryFields(guards_expr, guards_known, time_ns, note)
-    packed = Packed(blob, len(data), digest.hex()) if blob is not None else None
+    packed = Packed(blob, size, digest.hex()) if blob is not None else None
     return ScannedPayload(item.kind, item.rel.split("/")[-2], data, digest, variant, fields, packed)
 
 
@@ -386,7 +389,7 @@ class Importer:
                 _store(
                     repos, guarded, report,
                     lambda entries: g.put_many_pickled(entries, fingerprint_id=fp_id),
-                    lambda e: g.put(e.kind, e.key, e.payload, guards_expr=e.fields.guards_expr,
+                    lambda e: g.put(e.kind, e.key, e.content(), guards_expr=e.fields.guards_expr,
                                     guards_known=e.fields.guards_known, guards_note=e.fields.reason,
                                     time_taken_ns=e.fields.time_taken_ns, fingerprint_id=fp_id)[1],
                 )

@@ -147,15 +147,26 @@ class ScannedPayload:
     ``variant`` is ``sha256_digest_name(digest)`` (the entry's file name), ``fields`` are
     :func:`cachedb._pickle_scan.read_entry_fields` of ``payload``; ``packed``, when the
     checker already compressed it, is ``pack(payload, digest=digest,
-    level=guarded_level(len(payload)))``."""
+    level=guarded_level(len(payload)))``. ``payload`` may then be ``None`` (an import worker
+    sends back the stored frame alone): :meth:`content` gives the bytes either way."""
 
     kind: str
     key: str
-    payload: bytes
+    payload: bytes | None
     digest: bytes
     variant: str
     fields: EntryFields
     packed: Packed | None = None
+
+    def content(self) -> bytes:
+        """The entry's bytes: ``payload``, else ``packed`` read back (checked as any stored
+        payload; :class:`~cachedb.CorruptPayloadError` if it does not verify)."""
+        if self.payload is not None:
+            return self.payload
+        if self.packed is None:
+            raise ValueError(f"{self.kind}/{self.key}/{self.variant}: neither payload nor packed")
+        packed = self.packed
+        return unpack(packed.blob, packed.size_bytes, packed.checksum, where=f"{self.kind}/{self.key}/{self.variant}")
 
 
 def prepare_pickled(
@@ -320,9 +331,10 @@ class GuardedEntryRepository:
                 added.append(False)
                 continue
             existing.add((kind, key, variant))
-            packed = entry.packed or pack(
-                entry.payload, digest=entry.digest, level=guarded_level(len(entry.payload))
-            )
+            packed = entry.packed
+            if packed is None:
+                content = entry.content()
+                packed = pack(content, digest=entry.digest, level=guarded_level(len(content)))
             rows.append({
                 "kind": kind, "key": key, "variant": variant,
                 "guards_expr": fields.guards_expr, "guards_known": fields.guards_known,
