@@ -165,20 +165,36 @@ class _Scanner:
         return True
 
     def _seek_past(self, last: int) -> int | None:
-        """A rowid > ``last`` whose row reads, found by seeking ever further ahead."""
+        """A rowid > ``last`` whose row reads, found by seeking ever further ahead: each seek
+        that lands in a damaged page doubles the step. Once one lands past the damage, a
+        binary search between it and the last seek that failed finds where the damage ends,
+        so the rows just after it are not stepped over (a leaf of 16 KiB holds many)."""
         step = 1
+        failed: int | None = None  # the furthest position whose seek hit the damage
         while last + step <= _MAX_ROWID:
+            position = last + step
             try:
-                row = self.con.execute(self._next, (last + step,)).fetchone()
+                row = self.con.execute(self._next, (position,)).fetchone()
             except sqlite3.DatabaseError:
+                failed = position
                 step *= 2
                 continue
+            if failed is not None:  # the damage ends in (failed, position]: find where
+                low, high = failed, position
+                while high - low > 1:
+                    middle = (low + high) // 2
+                    try:
+                        found = self.con.execute(self._next, (middle,)).fetchone()
+                    except sqlite3.DatabaseError:
+                        low = middle
+                        continue
+                    high, row = middle, found
             if row is None:
                 return None  # past the last row
             rowid = int(row[0])
             if self.probe(rowid):
                 return rowid
-            last, step = rowid, 1
+            last, step, failed = rowid, 1, None
         return None
 
     def scan(self, known: set[int] | None) -> None:
@@ -231,10 +247,10 @@ def _source_revision(con: sqlite3.Connection) -> str | None:
 def _create_target(target: Path, revision: str | None) -> None:
     """An empty cachedb database at ``revision`` (the head when unknown)."""
     from alembic import command
-    from sqlalchemy import create_engine
+    from sqlalchemy import create_engine, event
 
     from . import _migrate
-    from ._engine import check_sqlite_file
+    from ._engine import PAGE_SIZE, check_sqlite_file
 
     if revision is not None:
         try:
@@ -243,6 +259,8 @@ def _create_target(target: Path, revision: str | None) -> None:
             revision = None
     check_sqlite_file(target)  # owner-only file and directory, as CacheDB creates them
     engine = create_engine(f"sqlite:///{target}")
+    # the page size of every database cachedb creates, set before the first table is
+    event.listen(engine, "connect", lambda dbapi_conn, _record: dbapi_conn.execute(f"PRAGMA page_size = {PAGE_SIZE}"))
     try:
         with engine.begin() as conn:
             command.upgrade(_migrate.alembic_config(conn), revision or "head")

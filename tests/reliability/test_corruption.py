@@ -191,6 +191,9 @@ def test_damaged_file_pages(tmp_path: Path) -> None:
     con.close()
     guarded, best = _snapshot(base)
     size = base.stat().st_size
+    head = base.read_bytes()[:100]
+    page_size = int.from_bytes(head[16:18], "big")  # the file header's (1 means 65536)
+    page_size = 65536 if page_size == 1 else page_size
     rng = random.Random(SEED + 1)
     outcomes = {"detected": 0, "refused_to_open": 0, "undetected_harmless": 0, "undetected_changed": 0,
                 "known_bug_V1": 0, "known_bug_V2": 0, "known_bug_V3": 0, "known_bug_V4": 0}
@@ -198,7 +201,7 @@ def test_damaged_file_pages(tmp_path: Path) -> None:
         path = tmp_path / f"damaged{t}.db"
         shutil.copy(base, path)
         with open(path, "r+b") as f:  # never page 1: a damaged header is refused at open (tested in test_migrations)
-            f.seek(rng.randrange(4096, size))
+            f.seek(rng.randrange(page_size, size))
             f.write(rng.randbytes(rng.randint(1, 16)))
         result = CliRunner().invoke(cli, ["--db", str(path), "verify"])
         bug = _known_bug(result.exception)
@@ -232,4 +235,4 @@ def test_damaged_file_pages(tmp_path: Path) -> None:
                 corruptions_harmless=outcomes["undetected_harmless"],
                 corruptions_undetected=outcomes["undetected_changed"],
                 corruptions_hit_known_bug=sum(known.values()), **known)
-    figures.note("corruption_file", seed=SEED + 1, db_pages=size // 4096)
+    figures.note("corruption_file", seed=SEED + 1, db_pages=size // page_size, page_size=page_size)

@@ -126,10 +126,17 @@ def _rows(path: Path) -> dict[str, dict[int, tuple]]:
     return out
 
 
+def _page_size(data: bytes) -> int:
+    """The page size in an SQLite file header (bytes 16-17, big-endian; 1 means 65536)."""
+    n = int.from_bytes(data[16:18], "big")
+    return 65536 if n == 1 else n
+
+
 @pytest.mark.parametrize("method", METHODS)
 def test_recover_saves_every_row_on_intact_pages(method: str, original, tmp_path: Path) -> None:
     path, rows, pages, schema = original
-    n_pages = path.stat().st_size // 4096
+    ps = _page_size(path.read_bytes()[:100])
+    n_pages = path.stat().st_size // ps
     rng = random.Random(SEED)
     totals = {"rows": 0, "intact": 0, "saved": 0, "intact_saved": 0, "damaged_pages": 0}
     for trial in range(TRIALS):
@@ -139,10 +146,10 @@ def test_recover_saves_every_row_on_intact_pages(method: str, original, tmp_path
         with open(damaged, "r+b") as f:
             for p in hit:
                 if rng.random() < 0.5:  # the whole page garbage
-                    f.seek((p - 1) * 4096)
-                    f.write(rng.randbytes(4096))
+                    f.seek((p - 1) * ps)
+                    f.write(rng.randbytes(ps))
                 else:  # a few bytes somewhere in it
-                    f.seek((p - 1) * 4096 + rng.randrange(4096 - 32))
+                    f.seek((p - 1) * ps + rng.randrange(ps - 32))
                     f.write(rng.randbytes(rng.randint(1, 32)))
         target = tmp_path / f"saved{trial}.db"
         report = recover(damaged, target, method=method)
@@ -218,9 +225,10 @@ def test_recover_command_reports_saved_and_lost_per_table(original, tmp_path: Pa
     # destroy the leaf page holding best config row 1 (and so the rows beside it)
     leaf = max(pages["best_configs"][min(rows["best_configs"])])
     on_leaf = {r for r, ps in pages["best_configs"].items() if leaf in ps}
+    ps = _page_size(path.read_bytes()[:100])
     with open(damaged, "r+b") as f:
-        f.seek((leaf - 1) * 4096)
-        f.write(b"\xff" * 4096)
+        f.seek((leaf - 1) * ps)
+        f.write(b"\xff" * ps)
     target = tmp_path / "saved.db"
     result = CliRunner().invoke(cli, ["recover", str(damaged), str(target), "--method", "scan", "--format", "json"],
                                 catch_exceptions=False)
@@ -246,7 +254,8 @@ def test_scan_goes_past_a_damaged_leaf_when_the_indexes_are_damaged_too(original
     con.close()
     data = path.read_bytes()
     leaves: dict[int, int] = {}
-    row_pages(data, 4096, 4096 - data[20], root, leaves)
+    ps = _page_size(data)
+    row_pages(data, ps, ps - data[20], root, leaves)
     order = sorted(leaves)
     leaf = leaves[order[len(order) // 3]]
     index_pages = {p for r in index_roots for p in _index_pages(data, r)}
@@ -254,8 +263,8 @@ def test_scan_goes_past_a_damaged_leaf_when_the_indexes_are_damaged_too(original
     shutil.copy(path, damaged)
     with open(damaged, "r+b") as f:
         for p in index_pages | {leaf}:
-            f.seek((p - 1) * 4096)
-            f.write(b"\xff" * 4096)
+            f.seek((p - 1) * ps)
+            f.write(b"\xff" * ps)
     report = recover(damaged, tmp_path / "saved.db", method="scan")
     got = _rows(tmp_path / "saved.db")["guarded_entries"]
     intact = {r for r, ps in pages["guarded_entries"].items() if not ps & (index_pages | {leaf})}
@@ -268,10 +277,11 @@ def test_scan_goes_past_a_damaged_leaf_when_the_indexes_are_damaged_too(original
 def _index_pages(data: bytes, root: int) -> set[int]:
     """The pages of the index b-tree at ``root`` (interior 0x02 and leaf 0x0a pages)."""
     seen: set[int] = set()
+    ps = _page_size(data)
 
     def walk(n: int) -> None:
         seen.add(n)
-        p = data[(n - 1) * 4096:n * 4096]
+        p = data[(n - 1) * ps:n * ps]
         if p[0] == 2:
             cells = int.from_bytes(p[3:5], "big")
             for i in range(cells):
