@@ -193,6 +193,34 @@ def test_copy_of_clean_database_verifies(real_cache: tuple[Path, dict], tmp_path
     assert "ok: integrity check passed" in result.output
 
 
+def test_copy_of_a_4_kib_page_database_takes_the_new_page_size(real_cache: tuple[Path, dict], tmp_path: Path) -> None:
+    """A database made at SQLite's default page size (cachedb before 16 KiB pages) keeps it;
+    ``cachedb copy`` into a new file gives the copy PAGE_SIZE pages and every row."""
+    from cachedb._engine import PAGE_SIZE
+
+    cache_dir, _ = real_cache
+    src = filled(tmp_path / "src.db", cache_dir, quarantine=False)
+    raw = sqlite3.connect(src, isolation_level=None)
+    raw.execute("PRAGMA journal_mode = DELETE")
+    raw.execute("PRAGMA page_size = 4096")
+    raw.execute("VACUUM")
+    raw.execute("PRAGMA journal_mode = WAL")
+    raw.close()
+    dst = tmp_path / "paged.db"
+    result = run("copy", str(src), str(dst))
+    assert result.exit_code == 0, result.output
+
+    def page_size(path: Path) -> int:
+        con = sqlite3.connect(path)
+        try:
+            return int(con.execute("PRAGMA page_size").fetchone()[0])
+        finally:
+            con.close()
+
+    assert (page_size(src), page_size(dst)) == (4096, PAGE_SIZE)
+    assert dump(dst) == dump(src)
+
+
 def test_copy_refuses_a_non_empty_target_and_itself(real_cache: tuple[Path, dict], tmp_path: Path) -> None:
     cache_dir, _ = real_cache
     src = filled(tmp_path / "src.db", cache_dir, quarantine=False)
