@@ -198,7 +198,9 @@ def _real_case(ctx: Context, res: SectionResult) -> None:
 
     _alternating_rounds(ctx, "guardedreal", rounds, block)
     # as the live put stores them (under 1 MiB: as they are, in a zstd frame)
-    frames = [_payload.pack(content, level=_payload.guarded_level(len(content))).blob for _k, _key, content in entries]
+    frames = [
+        _payload.pack(content, level=_payload.guarded_level(len(content))).blob for _k, _key, content in entries
+    ]
     unzstd_s = sum(_median_s(lambda f=f: zstandard.ZstdDecompressor().decompress(f)) for f in frames)
     unpickle_s = sum(_median_s(lambda c=content: pickle.loads(c)) for _k, _key, content in entries)
     n_fx = sum(1 for kind, _key, _c in entries if kind == "fxgraph")
@@ -224,7 +226,8 @@ def _real_case(ctx: Context, res: SectionResult) -> None:
     }
     res.notes.append(
         f"{label}, from {origin}: {n} pickles of {sizes[0] / 1e3:.0f}–{sizes[-1] / 1e3:.0f} KB (median "
-        f"{sizes[n // 2] / 1e3:.0f} KB, stored at zstd level {_payload.guarded_level(sizes[-1])}), each put under a new key and read back, {rounds} alternating "
+        f"{sizes[n // 2] / 1e3:.0f} KB, stored at zstd level {_payload.guarded_level(sizes[-1])}), each put "
+        f"under a new key and read back, {rounds} alternating "
         f"rounds of files and live after one warm-up round. A get pass over all {n} (the sum, median "
         f"of the rounds): live {statistics.median(passes['live']) * 1e3:.2f} ms against files "
         f"{statistics.median(passes['files']) * 1e3:.2f} ms, {pass_ratio:.2f}x. Per entry, reading the stored frame takes "

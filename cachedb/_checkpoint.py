@@ -11,8 +11,8 @@ The connection each process keeps for the hot paths (:class:`cachedb._engine.Kep
 therefore runs with ``wal_autocheckpoint = 0`` and tells a :class:`BackgroundCheckpointer`
 how many bytes each write bound; once its writes since the last checkpoint add up to
 :data:`CHECKPOINT_WAL_BYTES` (each counted as its bytes plus :data:`WRITE_OVERHEAD_PAGES`
-of the database's pages for the table and index pages it touches), the checkpointer's thread runs
-``PRAGMA wal_checkpoint(PASSIVE)`` on a connection of its own (it waits for no reader or
+of the database's pages for the table and index pages it touches), the checkpointer's thread
+runs ``PRAGMA wal_checkpoint(PASSIVE)`` on a connection of its own (it waits for no reader or
 writer, like SQLite's own automatic checkpoint). The WAL file's size cannot tell: SQLite
 reuses the file from its start after a checkpoint without shrinking it. Nothing committed
 depends on it: a checkpoint cut short by a crash leaves the WAL as the authority, as SQLite's

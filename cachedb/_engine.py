@@ -666,14 +666,15 @@ class KeptConnection:
         self, table: str, column: str, rowid: int, check: ClauseElement, params: Mapping[str, Any],
         consume: Callable[[Any, tuple[Any, ...]], T],
     ) -> tuple[bool, T | None]:
-        """Where :attr:`reads_in_place`: ``consume(blob)`` over the value in ``column`` of row
-        ``rowid`` of ``table``, read in place through SQLite's incremental blob I/O
+        """Where :attr:`reads_in_place`: ``consume(blob, row)`` over the value in ``column`` of
+        row ``rowid`` of ``table``, read in place through SQLite's incremental blob I/O
         (``sqlite3.Connection.blobopen``: ``blob`` is a ``sqlite3.Blob``, read from the
         database pages as ``consume`` asks; the value is never copied whole into memory).
         The prebuilt Core ``SELECT`` ``check`` with ``params`` runs in the blob's read
-        transaction, and ``consume(blob, row)`` gets the row it finds (the same snapshot as
-        the blob): ``(True, result)`` then, ``(False, None)`` when it finds none or the row is
-        gone (deleted since the caller read ``rowid``, which may now name another row). On the kept connection, or a pooled one when another thread holds it.
+        transaction, and ``row`` is the row it finds (a tuple; the same snapshot as the blob):
+        ``(True, result)`` then, ``(False, None)`` when it finds none or the row is gone
+        (deleted since the caller read ``rowid``, which may now name another row). On the kept
+        connection, or a pooled one when another thread holds it.
 
         Raises:
             HotReadError: the driver failed (the kept connection is then discarded).

@@ -199,15 +199,15 @@ class LiveStore:
         as it is read, so the compressed payload is freed before the caller unpickles the
         content; a payload the query left in the database (``NULL``, on SQLite: a variant
         after the first, or a large one) is decompressed as it is read from there, never held
-        whole, and its size, checksum and signature are read in the same snapshot. Holding the stored frame
-        beside the content kept a 20 MB graph's lookup over glibc's heap-trim threshold, and
+        whole, and its size, checksum and signature are read in the same snapshot. Holding the
+        stored frame beside the content kept a 20 MB graph's lookup over glibc's heap-trim threshold, and
         every lookup in a loop then faulted its memory in again (§4). A variant deleted since
         the query is skipped as absent."""
         rows.reverse()
         while rows:
             variant, blob, size, digest, signature, row_id = rows.pop()
             try:
-                if blob is None:  # on SQLite, not the first or large: read from the database as it is checked
+                if blob is None:  # on SQLite, after the first or large: read in place as it is checked
                     db = self.db
                     found, content = db.kept.read_blob(
                         "guarded_entries", "payload", row_id, guarded_repo.VARIANT_AT,

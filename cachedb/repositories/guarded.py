@@ -65,7 +65,10 @@ _INLINE = and_(
 VARIANT_REFS = (
     select(
         _G.c.variant,
-        *(case((_INLINE, column), else_=null()) for column in (_G.c.payload, _G.c.size_bytes, _G.c.checksum, _G.c.signature)),
+        *(
+            case((_INLINE, column), else_=null())
+            for column in (_G.c.payload, _G.c.size_bytes, _G.c.checksum, _G.c.signature)
+        ),
         _G.c.id,
     )
     .where(_G.c.kind == bindparam("kind"), _G.c.key == bindparam("key"))
