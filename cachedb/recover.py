@@ -259,7 +259,7 @@ def _create_target(target: Path, revision: str | None) -> None:
             revision = None
     check_sqlite_file(target)  # owner-only file and directory, as CacheDB creates them
     engine = create_engine(f"sqlite:///{target}")
-    # the page size of every database cachedb creates, set before the first table is
+    # the page size of every database cachedb creates (PAGE_SIZE), before the first table
     event.listen(engine, "connect", lambda dbapi_conn, _record: dbapi_conn.execute(f"PRAGMA page_size = {PAGE_SIZE}"))
     try:
         with engine.begin() as conn:

@@ -723,14 +723,18 @@ def test_the_lookup_query_copies_only_the_first_small_variant(tmp_path: Path, mo
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     db_path = tmp_path / "first.db"
     key = "ffirstvariant" + "0" * 39
-    payloads = sorted([_small_entry(n) for n in (8, 16, 32)] + [_large_entry(64)], key=sha256_hash)
+    small = [_small_entry(n) for n in (8, 16, 32)]
+    large = _large_entry(64)
+    while sha256_hash(large) < min(map(sha256_hash, small)):  # a small one first in Inductor's order
+        large = _large_entry(64)
+    payloads = sorted([*small, large], key=sha256_hash)
     with cachedb.installed(db_path):
         for payload in payloads:
             FxGraphCache._write_to_local_cache(key, payload)
         store = _seams._active_store()
         rows = sorted(store.db.kept.fetch(guarded_repo.VARIANT_REFS, {"kind": "fxgraph", "key": key}))
-        first_small = len(payloads[0]) < 1 << 20
-        assert [row[1] is not None for row in rows] == [first_small, False, False, False]
+        # the first carries its payload, size, checksum and signature column; the others none
+        assert [(row[1] is not None, row[2] is not None) for row in rows] == [(True, True)] + [(False, False)] * 3
         assert [row[0] for row in rows] == [sha256_hash(p) for p in payloads]
         served = [content for _, content, _ in FxGraphCache.iterate_over_candidates(True, None, key)]
     assert served == payloads

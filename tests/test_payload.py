@@ -183,8 +183,9 @@ def test_guarded_entries_under_1_mib_are_stored_as_they_are(
 ) -> None:
     """By default a guarded entry under GUARDED_STORED_BELOW_BYTES is written in a zstd frame
     of raw blocks (STORED_LEVEL: its content as it is, with its size and content checksum),
-    one from there at ZSTD_LEVEL; a best config or a kernel artifact at ZSTD_LEVEL whatever its
-    size. Each reads back to its bytes."""
+    one from there at ZSTD_LEVEL; ``pack``'s own default (kernel files, CUTLASS op lists) is
+    ZSTD_LEVEL whatever the size. Each reads back to its bytes; CACHEDB_COMPRESSION_LEVEL
+    sets every level."""
     from cachedb import _payload
 
     monkeypatch.delenv(_payload.LEVEL_ENV, raising=False)
