@@ -182,15 +182,17 @@ def run(ctx: Context) -> SectionResult:
     target = 20_000
     from cachedb._import_pool import default_workers
 
+    n_workers = default_workers()
+    pool = f"{n_workers} worker process{'' if n_workers == 1 else 'es'}"
     res.rows += [
-        Row(f"import {sum(counts.values())} files ({small_entries} small entries), {default_workers()} worker processes",
+        Row(f"import {sum(counts.values())} files ({small_entries} small entries), {pool}",
             seconds_to("s", import_s), seconds_to("s", read_s), "walk + read every file (I/O floor)"),
         Row(f"import {sum(counts.values())} files, in-process (workers=0)", seconds_to("s", in_process_s),
             seconds_to("s", read_s), "walk + read every file (I/O floor)"),
         Row("import rate", rate, None, "", target=f"≥ {target:,} entries/s", met=rate.median >= target),
         Row("import rate, in-process (workers=0)", summarize([small_entries / s for s in in_process_s], "entries/s"),
             None, ""),
-        Row(f"import {big_entries} entries of ~100 KB, {default_workers()} worker processes", seconds_to("s", big_s),
+        Row(f"import {big_entries} entries of ~100 KB, {pool}", seconds_to("s", big_s),
             seconds_to("s", big_in_process_s), "the same import in-process (workers=0)"),
     ]
     groups = summary["by_group_percent"]

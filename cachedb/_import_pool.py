@@ -42,9 +42,14 @@ STALL_LIMIT_S = 60.0
 
 
 def default_workers() -> int:
-    """Worker processes an import uses by default: the CPUs this process may run on, at most
-    4, or 0 (everything in-process) where there is one CPU or no ``fork`` (not Linux).
-    ``CACHEDB_IMPORT_WORKERS`` (an integer, 0 = none) overrides it."""
+    """Worker processes an import uses by default: one fewer than the CPUs this process may
+    run on (the calling process walks the directory and writes every batch: it is busy the
+    whole import), at most 4, or 0 (everything in-process) where there is one CPU or no
+    ``fork`` (not Linux). ``CACHEDB_IMPORT_WORKERS`` (an integer, 0 = none) overrides it.
+
+    On 2 CPUs one worker imports the 10,000 small files of ``benchmarks`` §5 in ~0.67 s and
+    its 1,499 ~100 KB entries in ~0.7 s, against ~0.76 s and ~0.85 s with two: three busy
+    processes on two CPUs take turns, and the writer, which bounds the import, waits."""
     env = os.environ.get("CACHEDB_IMPORT_WORKERS", "").strip()
     if env:
         try:
@@ -54,7 +59,7 @@ def default_workers() -> int:
     if not sys.platform.startswith("linux"):
         return 0
     cpus = len(os.sched_getaffinity(0))
-    return 0 if cpus < 2 else min(cpus, 4)
+    return 0 if cpus < 2 else min(cpus - 1, 4)
 
 
 def _init_worker() -> None:

@@ -409,7 +409,7 @@ def init(obj: _Context) -> None:
     type=click.IntRange(min=0),
     default=None,
     help="Processes that read, check and compress entry files while the database is written "
-    "(default: the usable CPUs, at most 4, for 1,024 FX graph/AOTAutograd files or more; "
+    "(default: one fewer than the usable CPUs, at most 4, for 1,024 FX graph/AOTAutograd files or more; "
     "also CACHEDB_IMPORT_WORKERS). 0: all in this process.",
 )
 @db_options

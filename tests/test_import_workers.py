@@ -187,3 +187,58 @@ def test_an_import_leaves_automatic_gc_as_it_found_it(real_cache: tuple[Path, di
     finally:
         (gc.enable if was else gc.disable)()
     assert seen and not any(seen)
+
+
+class _StopImport(Exception):
+    pass
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_transaction_spans_batches_up_to_its_bound_and_a_failure_keeps_what_committed(
+    real_cache: tuple[Path, dict], db: CacheDB, monkeypatch: pytest.MonkeyPatch, workers: int
+) -> None:
+    """Batches of 3 files are written into one transaction until it holds 7 files or more,
+    then it commits. An error after the fourth batch (from ``progress``) rolls back only the
+    open transaction: the guarded entries of the committed batches stay, those of the batch
+    after them are gone, and a re-import completes the cache."""
+    monkeypatch.setattr(import_walk, "BATCH_FILES", 3)
+    monkeypatch.setattr(importer, "_COMMIT_FILES", 7)
+    cache_dir, _ = real_cache
+    scanner = import_walk.Scanner(cache_dir)
+    scanner.finish()
+    batches = list(scanner.batches())
+    commits, pending = [], 0  # after which batches (1-based) the import commits
+    for n, batch in enumerate(batches, 1):
+        pending += len(batch)
+        if pending >= 7:
+            commits.append(n)
+            pending = 0
+    first = commits[0]
+
+    def variants(bs: list[list[import_walk.Item]]) -> set[tuple[str, str, str]]:
+        return {(i.kind, *i.rel.split("/")[-2:]) for b in bs for i in b if i.kind in import_walk.GUARDED_KINDS}
+
+    committed, rolled_back = variants(batches[:first]), variants(batches[first:first + 1])
+    assert committed and rolled_back  # the real cache gives both sides guarded entries
+
+    def stop_after(n: int):
+        calls = [0]
+
+        def progress(done: int, total: int) -> None:
+            calls[0] += 1
+            if calls[0] == n:
+                raise _StopImport
+
+        return progress
+
+    with pytest.raises(_StopImport):
+        Importer(db, workers=workers).run(cache_dir, progress=stop_after(first + 1))
+    with db.read() as repos:
+        stored = {tuple(row) for row in repos.session.execute(text("SELECT kind, key, variant FROM guarded_entries"))}
+    assert stored == committed
+    report = Importer(db, workers=workers).run(cache_dir)
+    assert report.problems == []
+    assert sum(report.unchanged[k] for k in import_walk.GUARDED_KINDS) == len(committed)
+    with db.read() as repos:
+        stored = {tuple(row) for row in repos.session.execute(text("SELECT kind, key, variant FROM guarded_entries"))}
+    assert stored == variants(batches)
