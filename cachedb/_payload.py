@@ -208,6 +208,36 @@ def pack(data: bytes, *, digest: bytes | None = None, level: int | None = None) 
     return Packed(blob=blob, size_bytes=len(data), checksum=digest.hex())
 
 
+def _frame_not_smaller(blob: bytes, size_bytes: int) -> bool:
+    """Whether the payload ``blob`` (``size_bytes`` uncompressed bytes) is not smaller than its
+    content: raw blocks only (written at a level that stores, or data zstd could not
+    compress). Reads no content."""
+    return len(blob) - TRAILER_BYTES >= size_bytes
+
+
+def repacked_guarded(blob: bytes, size_bytes: int, expected_checksum: str, *, where: str) -> bytes | None:
+    """The payload ``blob`` of a guarded entry re-encoded at the level this version writes it
+    (:func:`guarded_level`), or ``None`` when that gives the same bytes or is not known to
+    differ. An entry the level stores as it is (under :data:`GUARDED_STORED_BELOW_BYTES`) is
+    decoded and encoded at :data:`STORED_LEVEL` (deterministic: a payload already in that form
+    comes out the same, ~25 us per 100 KB); one the level compresses is re-encoded only when
+    its frame is not smaller than its content (a compressed frame's level is not recorded, so
+    it is kept). The content is verified first (:func:`unpack`), and the new payload keeps the
+    same content and SHA-256, so signatures, which sign that digest, still verify.
+
+    Used by ``cachedb copy --repack`` to bring a database written by an older cachedb (small
+    entries compressed) to today's form.
+
+    Raises :class:`~cachedb.CorruptPayloadError` (naming ``where``) when ``blob`` fails its
+    checks."""
+    level = guarded_level(size_bytes)
+    if level != STORED_LEVEL and not _frame_not_smaller(blob, size_bytes):
+        return None
+    content = unpack(blob, size_bytes, expected_checksum, where=where)
+    new = pack(content, digest=bytes.fromhex(expected_checksum), level=level).blob
+    return None if new == blob else new
+
+
 _DECOMPRESSOR = threading.local()
 
 

@@ -6,7 +6,11 @@ Every table's rows go over, source table by table in id order, in batches of at 
 copied: DST assigns its own and every foreign key is remapped through the parent's natural
 key (fingerprints by ``fingerprint_key``, kernel blobs by ``sha256``, CUTLASS op lists by
 ``request_key``). Payloads (zstd frames) and signatures are copied as stored: nothing is
-recompressed or re-signed, so a signed database still verifies under its key afterwards.
+recompressed or re-signed, so a signed database still verifies under its key afterwards. With
+``repack``, FX graph / AOTAutograd payloads are re-encoded in the form this version writes
+(:func:`cachedb._payload.repacked_guarded`: entries under 1 MiB stored as they are, larger ones
+compressed): each is verified first, keeps its content and SHA-256, and so its signature; one
+that fails its checks is copied as stored and counted.
 
 Rows move through the database drivers (:mod:`cachedb._bulk`: SQLite's cursor or a
 PostgreSQL server-side binary cursor in; a binary ``COPY ... FROM STDIN`` or sqlite3's
@@ -66,6 +70,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import logging
 import operator
 import os
 import queue
@@ -104,11 +109,14 @@ from ._bulk import bulk_insert, parse_timestamp, stream
 from ._bulk import matching as _matching
 from ._bulk import utc as _utc
 from ._engine import SQLITE_HEADER, WRITE_OPTION, create_cachedb_engine, sqlite_path, to_url
-from ._errors import CacheDBError, CopyError, DatabaseOpenError
+from ._errors import CacheDBError, CopyError, CorruptPayloadError, DatabaseOpenError
+from ._payload import repacked_guarded
 from ._signing import Signer
 from .db import CacheDB
 from .models import AUTOTUNE_TIMINGS, NATURAL_KEY_COLUMNS, NEWEST_WINS_COMPARED, Base
 from .repositories import timings as timings_repo
+
+log = logging.getLogger("cachedb")
 
 #: Tables in copy order (parents before children).
 TABLES = (
@@ -201,6 +209,10 @@ class CopyReport:
     resumed: bool = False
     tables: dict[str, TableCopy] = field(default_factory=lambda: {t: TableCopy(t) for t in TABLES})
     seconds: float = 0.0
+    #: With ``repack``: guarded entries written re-encoded, and those copied as stored because
+    #: their payload failed its checks (``cachedb verify`` on the source names them).
+    repacked: int = 0
+    not_repacked: int = 0
 
     @property
     def rows_written(self) -> int:
@@ -546,9 +558,10 @@ class _Transfer:
 
     def __init__(self, src: _Source, conn: Connection, dst: CacheDB, report: CopyReport, *, mode: str,
                  progress: ProgressCallback | None, done: list[int], totals: tuple[int, int],
-                 batch_rows: int, batch_bytes: int, fresh: bool = False) -> None:
+                 batch_rows: int, batch_bytes: int, fresh: bool = False, repack: bool = False) -> None:
         self.src, self.conn, self.dst, self.report = src, conn, dst, report
         self.mode = mode
+        self.repack = repack
         #: A copy into a target that was empty when it started (not a resumed one): DST holds
         #: only what this run wrote, and SRC's rows are copied as they are, so the natural-key
         #: lookups in DST are skipped.
@@ -769,6 +782,22 @@ class _Transfer:
             out["position"] = int(out["position"]) + self.position_offset
         return out
 
+    def _guarded(self, values: dict[str, Any]) -> dict[str, Any]:
+        values = self._fp_or_none(values)
+        if not self.repack:
+            return values
+        where = f"{self.src.where}: guarded_entries {values['kind']}/{values['key']}/{values['variant']}"
+        try:
+            blob = repacked_guarded(values["payload"], int(values["size_bytes"]), values["checksum"], where=where)
+        except CorruptPayloadError as exc:
+            log.warning("%s; copied as stored", exc)
+            self.report.not_repacked += 1
+            return values
+        if blob is not None:
+            values["payload"] = blob
+            self.report.repacked += 1
+        return values
+
     def _artifact(self, values: dict[str, Any]) -> dict[str, Any] | None:
         blob = self.blob.get(int(values["blob_id"]))
         if blob is None:
@@ -782,7 +811,7 @@ class _Transfer:
         self._by_natural_key("system_fingerprints", "fingerprint_key", self.fp)
         self._by_natural_key("kernel_blobs", "sha256", self.blob)
         self._keyed("kernel_artifacts", _natural("kernel_artifacts"), self._artifact)
-        self._keyed("guarded_entries", _natural("guarded_entries"), self._fp_or_none)
+        self._keyed("guarded_entries", _natural("guarded_entries"), self._guarded)
         if self.mode == "merge":
             with self.dst.read() as repos:
                 self.position_offset = timings_repo.next_position(repos.session)
@@ -913,6 +942,7 @@ def _run(
     batch_rows: int,
     batch_bytes: int,
     timeout_s: float,
+    repack: bool = False,
 ) -> CopyReport:
     started = time.monotonic()
     if batch_rows < 1 or batch_bytes < 1:
@@ -967,7 +997,7 @@ def _run(
             with s.snapshot(target_where) as conn:
                 _Transfer(s, conn, dst, report, mode=mode, progress=progress, done=done,
                           totals=(totals[0], totals[1]), batch_rows=batch_rows, batch_bytes=batch_bytes,
-                          fresh=mode == "copy" and not report.resumed).run()
+                          fresh=mode == "copy" and not report.resumed, repack=repack).run()
         if mode == "copy":
             with dst.write() as repos:
                 _MARKER.drop(cast(Connection, repos.session), checkfirst=True)
@@ -993,6 +1023,7 @@ def copy_database(
     batch_rows: int = DEFAULT_BATCH_ROWS,
     batch_bytes: int = DEFAULT_BATCH_BYTES,
     timeout_s: float = 30.0,
+    repack: bool = False,
 ) -> CopyReport:
     """Copy every row of ``source`` into ``target`` (empty or absent; created at the code's
     head revision), resumably. See the module docstring for what is copied and how.
@@ -1004,8 +1035,11 @@ def copy_database(
     re-run continues. ``batch_rows`` (rows) and ``batch_bytes`` (bytes of row values) bound a
     batch, one DST transaction each; ``timeout_s``: seconds to wait on a locked database.
     ``signer`` (default: ``CACHEDB_HMAC_KEY``) is the key ``require_signed`` checks against.
+    ``repack``: FX graph / AOTAutograd payloads re-encoded as this version writes them (see the
+    module docstring; a database written before small entries were stored as they are reads
+    them ~7x faster after, at the bytes their files take: 9 against 64 µs for 100 KB).
 
-    Returns a :class:`CopyReport` (rows and bytes per table, seconds).
+    Returns a :class:`CopyReport` (rows and bytes per table, seconds, entries re-encoded).
 
     Raises:
         CopyError: no source database, source and target the same, or the target not a usable
@@ -1019,7 +1053,7 @@ def copy_database(
         sqlalchemy.exc.SQLAlchemyError: a write to ``target`` failed (that batch rolled back).
     """
     return _run("copy", [source], target, progress=progress, require_signed=require_signed, signer=signer,
-                batch_rows=batch_rows, batch_bytes=batch_bytes, timeout_s=timeout_s)
+                batch_rows=batch_rows, batch_bytes=batch_bytes, timeout_s=timeout_s, repack=repack)
 
 
 def merge_databases(
@@ -1032,6 +1066,7 @@ def merge_databases(
     batch_rows: int = DEFAULT_BATCH_ROWS,
     batch_bytes: int = DEFAULT_BATCH_BYTES,
     timeout_s: float = 30.0,
+    repack: bool = False,
 ) -> CopyReport:
     """Union every row of each of ``sources`` (in order) into ``target`` (created if absent):
     natural keys deduplicate, timings keep every benchmark of both, best configs and
@@ -1039,7 +1074,7 @@ def merge_databases(
     value and errors as :func:`copy_database` (no :class:`TargetNotEmptyError`); with
     ``require_signed`` every source is checked before anything is written."""
     return _run("merge", list(sources), target, progress=progress, require_signed=require_signed, signer=signer,
-                batch_rows=batch_rows, batch_bytes=batch_bytes, timeout_s=timeout_s)
+                batch_rows=batch_rows, batch_bytes=batch_bytes, timeout_s=timeout_s, repack=repack)
 
 
 __all__ = [

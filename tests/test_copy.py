@@ -221,6 +221,101 @@ def test_copy_of_a_4_kib_page_database_takes_the_new_page_size(real_cache: tuple
     assert dump(dst) == dump(src)
 
 
+def _payloads(location: str | Path) -> dict[tuple[str, str, str], tuple[bytes, int, bytes]]:
+    """``(stored frame, size, verified content)`` of every guarded entry."""
+    with CacheDB(location) as db, db.read() as repos:
+        frames = {(k, key, v): (bytes(blob), int(size)) for k, key, v, blob, size in repos.session.execute(
+            text("SELECT kind, key, variant, payload, size_bytes FROM guarded_entries"))}
+        return {(e.kind, e.key, e.variant): (*frames[(e.kind, e.key, e.variant)], e.payload)
+                for e in repos.guarded.iter_all()}
+
+
+def test_repack_stores_an_older_databases_small_entries_as_they_are_and_keeps_signatures(
+    real_cache: tuple[Path, dict], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A signed database written as cachedb wrote it before small entries were stored as they
+    are (every payload compressed: CACHEDB_COMPRESSION_LEVEL=1), plus a 2 MB entry. ``copy
+    --repack`` writes the real cache's small entries as they are, leaves the large one's frame
+    as stored, and every entry keeps its content; the copy verifies under the same key, and a
+    second ``--repack`` finds nothing to re-encode. A plain copy keeps every frame byte for
+    byte."""
+    from cachedb._payload import LEVEL_ENV, STORED_LEVEL, pack
+
+    def stored_as_is(frame: bytes, content: bytes) -> bool:
+        return frame == pack(content, level=STORED_LEVEL).blob
+
+    cache_dir, _ = real_cache
+    team = Signer(b"team secret")
+    src = tmp_path / "old.db"
+    monkeypatch.setenv(LEVEL_ENV, "1")
+    with CacheDB(src, signer=team) as db:
+        assert Importer(db).run(cache_dir).problems == []
+        large = random.Random(5).randbytes(1000) * 2000  # 2 MB, compressible
+        with db.transaction() as repos:
+            repos.guarded.put("fxgraph", "f" + "l" * 51, large, guards_expr=None)
+    monkeypatch.delenv(LEVEL_ENV)
+    before = _payloads(src)
+    small = {k for k, (_, size, _) in before.items() if size < 1 << 20}
+    assert len(small) >= 6 and len(before) == len(small) + 1
+    assert not any(stored_as_is(frame, content) for frame, _, content in before.values())
+
+    monkeypatch.setenv(ENV_KEY, "team secret")
+    result = run("copy", "--repack", str(src), str(tmp_path / "new.db"))
+    assert result.exit_code == 0, result.output
+    assert f"; {len(small)} FX graph/AOTAutograd entries re-encoded" in result.output
+    after = _payloads(tmp_path / "new.db")
+    assert after.keys() == before.keys()
+    for k, (frame, size, content) in after.items():
+        assert (size, content) == before[k][1:]
+        assert stored_as_is(frame, content) == (k in small)
+        if k not in small:
+            assert frame == before[k][0]
+    verified = run("--db", str(tmp_path / "new.db"), "verify")
+    assert verified.exit_code == 0, verified.output
+    assert copy_database(tmp_path / "new.db", tmp_path / "again.db", repack=True).repacked == 0  # already in form
+
+    plain = copy_database(src, tmp_path / "plain.db")
+    assert plain.repacked == 0
+    assert {k: v[0] for k, v in _payloads(tmp_path / "plain.db").items()} == {k: v[0] for k, v in before.items()}
+
+
+def test_repack_copies_a_payload_that_fails_its_checks_as_stored(
+    real_cache: tuple[Path, dict], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One compressed small entry with a flipped byte in its frame: ``--repack`` copies it as
+    stored (counted, the summary says so), re-encodes the others, and ``verify`` on the copy
+    still finds the damage."""
+    from cachedb._payload import LEVEL_ENV
+
+    cache_dir, _ = real_cache
+    src = tmp_path / "old.db"
+    monkeypatch.setenv(LEVEL_ENV, "1")
+    with CacheDB(src) as db:
+        assert Importer(db).run(cache_dir).problems == []
+    monkeypatch.delenv(LEVEL_ENV)
+    raw = sqlite3.connect(src, isolation_level=None)
+    row_id, blob = raw.execute("SELECT id, payload FROM guarded_entries ORDER BY id LIMIT 1").fetchone()
+    n = raw.execute("SELECT count(*) FROM guarded_entries").fetchone()[0]
+    damaged = bytearray(blob)
+    damaged[len(blob) // 3] ^= 0xFF
+    raw.execute("UPDATE guarded_entries SET payload = ? WHERE id = ?", (bytes(damaged), row_id))
+    raw.close()
+
+    dst = tmp_path / "new.db"
+    result = run("copy", "--repack", str(src), str(dst))
+    assert result.exit_code == 0, result.output
+    assert f"; {n - 1} FX graph/AOTAutograd entries re-encoded" in result.output
+    assert "; 1 failed their checks and were copied as stored" in result.output
+    copied = sqlite3.connect(dst)
+    try:
+        (kept,) = copied.execute("SELECT payload FROM guarded_entries WHERE payload = ?", (bytes(damaged),)).fetchone()
+    finally:
+        copied.close()
+    assert kept == bytes(damaged)
+    verified = run("--db", str(dst), "verify")
+    assert verified.exit_code != 0
+
+
 def test_copy_refuses_a_non_empty_target_and_itself(real_cache: tuple[Path, dict], tmp_path: Path) -> None:
     cache_dir, _ = real_cache
     src = filled(tmp_path / "src.db", cache_dir, quarantine=False)
