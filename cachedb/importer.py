@@ -115,32 +115,50 @@ def _read(path: str, size: int) -> bytes:
 
 
 def _check_guarded(
-    item: Item, data: bytes, reader: Callable[..., EntryFields] = read_entry_fields
+    kind: str, rel: str, data: bytes, reader: Callable[..., EntryFields] = read_entry_fields
 ) -> Problem | ScannedPayload:
-    """A guarded entry file ready to store, or why it cannot be imported: its name must be
-    ``sha256_hash`` of its bytes (as Inductor names it) and its pickle must scan (``reader``:
-    the opcode walk, or in a worker process the C reader that falls back to it). The SHA-256
-    and the scan are done once here; the repository reuses them."""
-    parts = item.rel.split("/")
+    """A guarded entry file (``kind``, path ``rel`` relative to the cache directory) ready to
+    store, or why it cannot be imported: its name must be ``sha256_hash`` of its bytes (as
+    Inductor names it) and its pickle must scan (``reader``: the opcode walk, or in a worker
+    process the C reader that falls back to it). The SHA-256 and the scan are done once here;
+    the repository reuses them."""
+    parts = rel.split("/")
     digest = hashlib.sha256(data).digest()
     variant = sha256_digest_name(digest)
     if variant != parts[-1]:
-        return Problem(item.rel, "file name is not sha256_hash of its bytes (renamed or corrupted)")
+        return Problem(rel, "file name is not sha256_hash of its bytes (renamed or corrupted)")
     if len(parts[-2]) > 128:
-        return Problem(item.rel, "key longer than 128 characters")
+        return Problem(rel, "key longer than 128 characters")
     try:
-        fields = reader(data, where=item.rel)
+        fields = reader(data, where=rel)
         for text in (fields.guards_expr, fields.reason):
             if text is not None:
                 text.encode("utf-8")
         if fields.time_taken_ns is not None and not -(2**63) <= fields.time_taken_ns < 2**63:
             raise OverflowError(f"time taken {fields.time_taken_ns} ns is outside int64")
-        return ScannedPayload(item.kind, parts[-2], data, digest, variant, fields)
+        return ScannedPayload(kind, parts[-2], data, digest, variant, fields)
     except Exception as exc:  # noqa: BLE001
         reason = input_error_reason(exc)
         if reason is None:
             raise
-        return Problem(item.rel, reason)
+        return Problem(rel, reason)
+
+
+#: A guarded entry file as :func:`_check_guarded_files` takes it: ``(kind, path, path relative
+#: to the cache directory, size from its stat)`` (a plain tuple: the batches go to the worker
+#: processes pickled, and an :class:`Item` costs ~2 us a file to pickle and ~2 to unpickle,
+#: against ~0.2).
+_GuardedFile = tuple[str, str, str, int]
+
+
+def _guarded_files(batch: Sequence[Item]) -> list[_GuardedFile]:
+    """The guarded entry files of ``batch``, as :func:`_check_guarded_files` takes them."""
+    return [(i.kind, i.full, i.rel, i.size) for i in batch if i.kind in GUARDED_KINDS]
+
+
+def _weigh(files: Sequence[_GuardedFile]) -> int:
+    """Bytes (from stat) of ``files``."""
+    return sum(f[3] for f in files)
 
 
 #: A checked guarded entry file as :func:`_check_guarded_files` returns it (plain tuples: a
@@ -164,7 +182,7 @@ class _Staged:
     kernels: dict[tuple[str, str], list[tuple[str, bytes]]]
 
 
-def _check_guarded_files(items: Sequence[Item], *, contained: bool) -> list[_Checked]:
+def _check_guarded_files(files: Sequence[_GuardedFile], *, contained: bool) -> list[_Checked]:
     """Read and check guarded entry files (:func:`_check_guarded`), one :data:`_Checked` per
     file.
 
@@ -176,18 +194,18 @@ def _check_guarded_files(items: Sequence[Item], *, contained: bool) -> list[_Che
     the entries it adds."""
     out: list[_Checked] = []
     reader = read_own_entry_fields if contained else read_entry_fields
-    for item in items:
+    for kind, full, rel, size in files:
         try:
-            data = _read(item.full, item.size)
+            data = _read(full, size)
         except OSError as exc:
             out.append((0, f"cannot read: {exc}"))
             continue
         try:
-            item.rel.encode("utf-8")
+            rel.encode("utf-8")
         except UnicodeEncodeError:
             out.append((len(data), "file name is not valid UTF-8"))
             continue
-        checked = _check_guarded(item, data, reader)
+        checked = _check_guarded(kind, rel, data, reader)
         if isinstance(checked, Problem):
             out.append((len(data), checked.reason))
             continue
@@ -331,10 +349,10 @@ class Importer:
         report = ImportReport(problems=scanner.problems)
         handed_out: deque[list[Item]] = deque()
 
-        def guarded_batches() -> Iterator[list[Item]]:
+        def guarded_batches() -> Iterator[list[_GuardedFile]]:
             for batch in scanner.batches():
                 handed_out.append(batch)
-                yield [i for i in batch if i.kind in GUARDED_KINDS]
+                yield _guarded_files(batch)
 
         done = 0
         # The workers start on the first batches while this thread walks the rest of the
@@ -345,7 +363,7 @@ class Importer:
         # (after the open transaction, if any, is rolled back).
         with closing(map_in_workers(
             partial(_check_guarded_files, contained=True), partial(_check_guarded_files, contained=False),
-            guarded_batches(), workers=workers, ahead_bytes=_AHEAD_BYTES, weigh=bytes_of,
+            guarded_batches(), workers=workers, ahead_bytes=_AHEAD_BYTES, weigh=_weigh,
         )) as checked, ExitStack() as open_transaction:
             repos: Repos | None = None
             pending_files = pending_bytes = 0
