@@ -308,3 +308,56 @@ def test_a_damaged_payload_read_in_place_is_refused(tmp_path: Path, where: str) 
     with pytest.raises(CorruptPayloadError):
         unpack(bytes(blob), size, digest, where="damaged")
     conn.close()
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.binary(max_size=2048), st.integers(0, 1_300_000), st.sampled_from([1, 3, -5, -1000]), st.booleans())
+def test_repack_gives_this_versions_form_keeps_the_content_and_is_idempotent(
+    random_part: bytes, zeros: int, written_at: int, format1: bool
+) -> None:
+    """Whatever level (or the older frame-only format) a guarded entry was written at,
+    ``repacked_guarded`` gives a payload that reads back as the same content under the same
+    SHA-256, is :func:`guarded_level`'s form where that level stores (the bytes ``pack`` gives
+    at it), is kept from 1 MiB when its frame is compressed (at any level), and is left alone
+    by a second pass."""
+    from cachedb._payload import STORED_LEVEL, guarded_level, repacked_guarded
+
+    data = random_part + bytes(zeros) + random_part
+    digest = hashlib.sha256(data).hexdigest()
+    blob = _format1(data, checksum=True) if format1 else pack(data, level=written_at).blob
+    new = repacked_guarded(blob, len(data), digest, where="x")
+    current = blob if new is None else new
+    assert unpack(current, len(data), digest, where="x") == data
+    if guarded_level(len(data)) == STORED_LEVEL:
+        assert current == pack(data, level=STORED_LEVEL).blob
+    elif len(blob) - TRAILER_BYTES < len(data):  # 1 MiB or more, compressed: kept (level not recorded)
+        assert new is None
+    assert repacked_guarded(current, len(data), digest, where="x") is None
+
+
+def test_repack_refuses_a_damaged_payload_and_changes_nothing() -> None:
+    """A flipped byte in a compressed small entry: ``repacked_guarded`` raises
+    CorruptPayloadError naming the entry instead of re-encoding what it cannot verify."""
+    from cachedb._payload import repacked_guarded
+
+    data = os.urandom(3000) * 20
+    packed = pack(data, level=1)
+    damaged = bytearray(packed.blob)
+    damaged[len(damaged) // 3] ^= 0x40
+    with pytest.raises(CorruptPayloadError, match="fxgraph/fkey/v"):
+        repacked_guarded(bytes(damaged), len(data), packed.checksum, where="fxgraph/fkey/v")
+
+
+def test_repack_compresses_a_large_entry_written_as_it_is() -> None:
+    """A 1.2 MB entry whose frame holds it as it is (a 200 KB random block six times: level
+    -1000 finds no match 200 KB back, level 1 does) is compressed at the level this version
+    writes from 1 MiB, reads back the same, and is kept on a second pass."""
+    from cachedb._payload import TRAILER_BYTES, ZSTD_LEVEL, repacked_guarded
+
+    data = random.Random(11).randbytes(200_000) * 6
+    raw = pack(data, level=-1000)
+    assert len(raw.blob) - TRAILER_BYTES >= len(data)
+    new = repacked_guarded(raw.blob, len(data), raw.checksum, where="x")
+    assert new == pack(data, level=ZSTD_LEVEL).blob and len(new) < len(data) // 4
+    assert unpack(new, len(data), raw.checksum, where="x") == data
+    assert repacked_guarded(new, len(data), raw.checksum, where="x") is None
