@@ -209,8 +209,8 @@ class CopyReport:
     resumed: bool = False
     tables: dict[str, TableCopy] = field(default_factory=lambda: {t: TableCopy(t) for t in TABLES})
     seconds: float = 0.0
-    #: With ``repack``: guarded entries written re-encoded, and those copied as stored because
-    #: their payload failed its checks (``cachedb verify`` on the source names them).
+    #: With ``repack``: guarded entries written re-encoded (not those the target had), and those
+    #: read as stored because their payload failed its checks (``cachedb verify`` names them).
     repacked: int = 0
     not_repacked: int = 0
 
@@ -562,6 +562,9 @@ class _Transfer:
         self.src, self.conn, self.dst, self.report = src, conn, dst, report
         self.mode = mode
         self.repack = repack
+        #: ids of the guarded rows of the current batch whose payload was re-encoded: counted
+        #: in the report when the batch writes them (:meth:`_added`)
+        self._repacked_rows: set[int] = set()
         #: A copy into a target that was empty when it started (not a resumed one): DST holds
         #: only what this run wrote, and SRC's rows are copied as they are, so the natural-key
         #: lookups in DST are skipped.
@@ -652,6 +655,9 @@ class _Transfer:
                                        self.done[1], max(self.done[1], self.totals[1])))
 
     def _added(self, table: str, rows: Sequence[tuple[dict[str, Any], int]]) -> None:
+        if self._repacked_rows:
+            self.report.repacked += sum(1 for m, _ in rows if id(m) in self._repacked_rows)
+            self._repacked_rows.clear()
         entry = self.report.tables[table]
         entry.added += len(rows)
         entry.bytes += sum(n for _, n in rows)
@@ -795,7 +801,7 @@ class _Transfer:
             return values
         if blob is not None:
             values["payload"] = blob
-            self.report.repacked += 1
+            self._repacked_rows.add(id(values))
         return values
 
     def _artifact(self, values: dict[str, Any]) -> dict[str, Any] | None:

@@ -273,6 +273,8 @@ def test_repack_stores_an_older_databases_small_entries_as_they_are_and_keeps_si
     verified = run("--db", str(tmp_path / "new.db"), "verify")
     assert verified.exit_code == 0, verified.output
     assert copy_database(tmp_path / "new.db", tmp_path / "again.db", repack=True).repacked == 0  # already in form
+    # a merge into a database that holds them all writes none, so it re-encodes none
+    assert merge_databases([src], tmp_path / "new.db", repack=True).repacked == 0
 
     plain = copy_database(src, tmp_path / "plain.db")
     assert plain.repacked == 0
