@@ -75,8 +75,22 @@ def noop() -> None:
 # --------------------------------------------------------------------------- crash: import
 
 
+#: Files per batch and per import transaction in the crash children (``cachedb import``: 256
+#: and 1,024): the synthetic directory's ~400 files then commit in four transactions of two
+#: batches each, whose boundaries the kills must find whole.
+IMPORT_BATCH_FILES = 64
+IMPORT_COMMIT_FILES = 128
+
+
 def run_import(db_path: str, cache_dir: str) -> None:
-    """Import ``cache_dir`` into ``db_path`` (killed at a random moment by the test)."""
+    """Import ``cache_dir`` into ``db_path`` (killed at a random moment by the test), in
+    batches of :data:`IMPORT_BATCH_FILES` files, a transaction per
+    :data:`IMPORT_COMMIT_FILES` (this child's own settings)."""
+    import cachedb._import_walk
+    import cachedb.importer
+
+    cachedb._import_walk.BATCH_FILES = IMPORT_BATCH_FILES
+    cachedb.importer._COMMIT_FILES = IMPORT_COMMIT_FILES
     with CacheDB(db_path) as db:
         Importer(db).run(cache_dir)
 
