@@ -28,9 +28,10 @@ from .copy import COLUMNS, DEFAULT_BATCH_ROWS, CopyProgress, CopyReport, copy_da
 _SIGNED_HELP = ("Refuse (nothing written) a source holding an FX graph/AOTAutograd entry or best config "
                 "that is unsigned or does not verify under CACHEDB_HMAC_KEY.")
 _BATCH_HELP = "Rows per batch; each batch is one transaction on the target."
-_REPACK_HELP = ("Re-encode FX graph/AOTAutograd payloads as this cachedb writes them (entries under 1 MiB "
-                "stored as they are, decoded ~7x faster; larger ones compressed); each is verified first and "
-                "keeps its SHA-256, so signatures still verify. For databases written by an older cachedb.")
+_REPACK_HELP = ("Re-encode FX graph/AOTAutograd payloads as this cachedb writes them to DST (SQLite: entries "
+                "under 1 MiB stored as they are, decoded ~7x faster, larger ones compressed; PostgreSQL: all "
+                "compressed); each is verified first and keeps its SHA-256, so signatures still verify. For "
+                "databases written by an older cachedb.")
 
 
 def _progress(bar: ProgressBar) -> Callable[[CopyProgress], None]:

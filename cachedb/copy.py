@@ -7,9 +7,9 @@ copied: DST assigns its own and every foreign key is remapped through the parent
 key (fingerprints by ``fingerprint_key``, kernel blobs by ``sha256``, CUTLASS op lists by
 ``request_key``). Payloads (zstd frames) and signatures are copied as stored: nothing is
 recompressed or re-signed, so a signed database still verifies under its key afterwards. With
-``repack``, FX graph / AOTAutograd payloads are re-encoded in the form this version writes
-(:func:`cachedb._payload.repacked_guarded`: entries under 1 MiB stored as they are, larger ones
-compressed): each is verified first, keeps its content and SHA-256, and so its signature; one
+``repack``, FX graph / AOTAutograd payloads are re-encoded in the form this version writes to
+DST (:func:`cachedb._payload.repacked_guarded`: on SQLite entries under 1 MiB stored as they
+are, larger ones compressed; on PostgreSQL all compressed): each is verified first, keeps its content and SHA-256, and so its signature; one
 that fails its checks is copied as stored and counted.
 
 Rows move through the database drivers (:mod:`cachedb._bulk`: SQLite's cursor or a
@@ -794,7 +794,8 @@ class _Transfer:
             return values
         where = f"{self.src.where}: guarded_entries {values['kind']}/{values['key']}/{values['variant']}"
         try:
-            blob = repacked_guarded(values["payload"], int(values["size_bytes"]), values["checksum"], where=where)
+            blob = repacked_guarded(values["payload"], int(values["size_bytes"]), values["checksum"], where=where,
+                                    dialect=self.dst.engine.dialect.name)
         except CorruptPayloadError as exc:
             log.warning("%s; copied as stored", exc)
             self.report.not_repacked += 1

@@ -182,7 +182,7 @@ class _Staged:
     kernels: dict[tuple[str, str], list[tuple[str, bytes]]]
 
 
-def _check_guarded_files(files: Sequence[_GuardedFile], *, contained: bool) -> list[_Checked]:
+def _check_guarded_files(files: Sequence[_GuardedFile], *, contained: bool, dialect: str = "sqlite") -> list[_Checked]:
     """Read and check guarded entry files (:func:`_check_guarded`), one :data:`_Checked` per
     file.
 
@@ -190,7 +190,8 @@ def _check_guarded_files(files: Sequence[_GuardedFile], *, contained: bool) -> l
     pickles are read by the C unpickler over inert stand-ins (:func:`cachedb._own_pickle.
     read_own_entry_fields`, the same fields as the opcode walk, several times faster; a file
     that crashes or hangs it takes down the worker, not the import) and payloads are
-    compressed here. Otherwise the opcode walk reads them and the repository compresses only
+    compressed here, at the level of a ``dialect`` database (:func:`~cachedb._payload.
+    guarded_level`). Otherwise the opcode walk reads them and the repository compresses only
     the entries it adds."""
     out: list[_Checked] = []
     reader = read_own_entry_fields if contained else read_entry_fields
@@ -212,7 +213,7 @@ def _check_guarded_files(files: Sequence[_GuardedFile], *, contained: bool) -> l
         f = checked.fields
         # a worker sends back the stored frame alone, not the content beside it (an FX graph
         # entry under 1 MiB is stored as it is: the pipe would carry its bytes twice)
-        blob = pack(data, digest=checked.digest, level=guarded_level(len(data))).blob if contained else None
+        blob = pack(data, digest=checked.digest, level=guarded_level(len(data), dialect)).blob if contained else None
         out.append((len(data), checked.digest, checked.variant, f.guards_expr, f.guards_known, f.reason,
                     f.time_taken_ns, None if contained else data, blob))
     return out
@@ -362,7 +363,8 @@ class Importer:
         # Closed here, in this thread, even on an error or Ctrl-C: closing stops the workers
         # (after the open transaction, if any, is rolled back).
         with closing(map_in_workers(
-            partial(_check_guarded_files, contained=True), partial(_check_guarded_files, contained=False),
+            partial(_check_guarded_files, contained=True, dialect=self.db.engine.dialect.name),
+            partial(_check_guarded_files, contained=False),
             guarded_batches(), workers=workers, ahead_bytes=_AHEAD_BYTES, weigh=_weigh,
         )) as checked, ExitStack() as open_transaction:
             repos: Repos | None = None

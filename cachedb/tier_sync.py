@@ -17,7 +17,11 @@ writes them into another in the caller's transaction, by the rules of ``cachedb 
   is never sent again: :func:`missing_blobs` asks first).
 
 Payloads (zstd frames), checksums and signatures travel as stored: what DST serves is checked
-by DST's ordinary read path, and a signed entry still verifies under the same key.
+by DST's ordinary read path, and a signed entry still verifies under the same key. One
+exception: an FX graph / AOTAutograd payload is written in DST's form
+(:func:`cachedb._payload.repacked_guarded`: on SQLite an entry under 1 MiB as it is, on
+PostgreSQL compressed), its content and SHA-256 (which its signature signs) unchanged; one that
+fails its checks goes as stored, for DST's read path to refuse.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ from sqlalchemy import Connection, Select, insert, select, update
 
 from ._bulk import bulk_insert
 from ._bulk import utc as _utc
+from ._errors import CorruptPayloadError
+from ._payload import repacked_guarded
 from .models import AUTOTUNE_TIMINGS, NATURAL_KEY_COLUMNS, NEWEST_WINS_COMPARED, Base
 from .repositories import timings as timings_repo
 from .repositories.timings import next_position
@@ -269,6 +275,21 @@ def store(conn: Connection, bundle: Bundle) -> int:
     return _cutlass(conn, bundle, rows)
 
 
+def _in_form_of(dialect: str, rows: list[dict[str, Any]]) -> None:
+    """Guarded entry ``rows`` with their payloads re-encoded as a ``dialect`` database stores
+    them (:func:`cachedb._payload.repacked_guarded`); a payload that fails its checks is left
+    as it is."""
+    for values in rows:
+        where = f"guarded_entries {values['kind']}/{values['key']}/{values['variant']}"
+        try:
+            blob = repacked_guarded(bytes(values["payload"]), int(values["size_bytes"]), values["checksum"],
+                                    where=where, dialect=dialect)
+        except CorruptPayloadError:
+            continue
+        if blob is not None:
+            values["payload"] = blob
+
+
 def _insert_timings(conn: Connection, rows: list[dict[str, Any]]) -> int:
     """Timings DST lacks (same key, ``recorded_at`` and choice: history is never doubled),
     placed after everything DST holds in document order."""
@@ -291,6 +312,8 @@ def _insert_new(conn: Connection, entry: Entry, table: str, rows: list[dict[str,
         if k not in have:
             have.add(k)
             new.append(r)
+    if table == "guarded_entries":  # only the rows written: DST's form
+        _in_form_of(conn.dialect.name, new)
     if new:
         bulk_insert(conn, t, new)
     return len(new)

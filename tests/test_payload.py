@@ -221,6 +221,45 @@ def test_guarded_entries_under_1_mib_are_stored_as_they_are(
     assert _payload.pack(real).blob[:-TRAILER_BYTES] == frame(real, _payload.ZSTD_LEVEL)
 
 
+def test_on_postgresql_every_guarded_entry_is_compressed(
+    real_cache: tuple[Path, dict], db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same real cache imported (in-process and by worker processes) and put one by one
+    into SQLite and PostgreSQL: SQLite holds the entries (all under 1 MiB) as they are,
+    PostgreSQL at ZSTD_LEVEL (its TOAST would compress a stored frame itself); both read back
+    the files' bytes."""
+    from cachedb import _payload
+    from cachedb.importer import Importer
+
+    monkeypatch.delenv(_payload.LEVEL_ENV, raising=False)
+    assert _payload.guarded_level(1000, "postgresql") == _payload.ZSTD_LEVEL
+    assert _payload.guarded_level(1000, "sqlite") == _payload.STORED_LEVEL
+    cache_dir, _ = real_cache
+    files = {(p.relative_to(cache_dir).parts[0], p.parent.name, p.name): p.read_bytes()
+             for p in sorted(cache_dir.rglob("*")) if p.is_file() and p.relative_to(cache_dir).parts[0] in ("fxgraph", "aotautograd")}
+    with CacheDB(db_url) as db:
+        dialect = db.engine.dialect.name
+        level = _payload.STORED_LEVEL if dialect == "sqlite" else _payload.ZSTD_LEVEL
+        for workers in (0, 2):
+            with db.transaction() as repos:
+                repos.session.execute(text("DELETE FROM guarded_entries"))
+            assert Importer(db, workers=workers).run(cache_dir).problems == []
+            with db.read() as repos:
+                frames = {(k, key, v): bytes(blob) for k, key, v, blob in repos.session.execute(
+                    text("SELECT kind, key, variant, payload FROM guarded_entries"))}
+                got = {(e.kind, e.key, e.variant): e.payload for e in repos.guarded.iter_all()}
+            assert got == files
+            assert frames == {ident: _payload.pack(data, level=level).blob for ident, data in files.items()}, workers
+        with db.transaction() as repos:
+            repos.session.execute(text("DELETE FROM guarded_entries"))
+            for (kind, key, _), data in files.items():
+                repos.guarded.put(kind, key, data, guards_expr=None)
+        with db.read() as repos:
+            frames = {(k, key, v): bytes(blob) for k, key, v, blob in repos.session.execute(
+                text("SELECT kind, key, variant, payload FROM guarded_entries"))}
+        assert frames == {ident: _payload.pack(data, level=level).blob for ident, data in files.items()}
+
+
 @pytest.mark.parametrize("value", ["fast", "23", "1.5", "-131073", "-" + "9" * 30])
 def test_a_bad_level_setting_is_logged_once_and_the_default_is_used(
     value: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
@@ -318,8 +357,8 @@ def test_repack_gives_this_versions_form_keeps_the_content_and_is_idempotent(
     """Whatever level (or the older frame-only format) a guarded entry was written at,
     ``repacked_guarded`` gives a payload that reads back as the same content under the same
     SHA-256, is :func:`guarded_level`'s form where that level stores (the bytes ``pack`` gives
-    at it), is kept from 1 MiB when its frame is compressed (at any level), and is left alone
-    by a second pass."""
+    at it), is kept from 1 MiB when its frame is under half the content (compressed, at any
+    level), and is left alone by a second pass."""
     from cachedb._payload import STORED_LEVEL, guarded_level, repacked_guarded
 
     data = random_part + bytes(zeros) + random_part
@@ -330,7 +369,7 @@ def test_repack_gives_this_versions_form_keeps_the_content_and_is_idempotent(
     assert unpack(current, len(data), digest, where="x") == data
     if guarded_level(len(data)) == STORED_LEVEL:
         assert current == pack(data, level=STORED_LEVEL).blob
-    elif len(blob) - TRAILER_BYTES < len(data):  # 1 MiB or more, compressed: kept (level not recorded)
+    elif len(blob) - TRAILER_BYTES < len(data) // 2:  # 1 MiB or more, compressed: kept (level not recorded)
         assert new is None
     assert repacked_guarded(current, len(data), digest, where="x") is None
 

@@ -133,6 +133,17 @@ def _fill_machine_a(a: LiveStore, files: dict, timings: dict) -> None:
     a.write_changes(cache, cache.served)
 
 
+def _frames(location: str) -> dict[tuple[str, str, str], tuple[bytes, int]]:
+    """``(stored frame, size)`` of every guarded entry of the database at ``location``."""
+    db = CacheDB(location, upgrade=False)
+    try:
+        with db.engine.connect() as conn:
+            return {(k, key, v): (bytes(blob), int(size)) for k, key, v, blob, size in conn.execute(
+                text("SELECT kind, key, variant, payload, size_bytes FROM guarded_entries"))}
+    finally:
+        db.close()
+
+
 def test_every_kind_goes_through_the_remote(real_cache: tuple[Path, dict], tmp_path: Path, pg_url: str) -> None:
     cache_dir, _ = real_cache
     files = _real_files(cache_dir)
@@ -188,6 +199,18 @@ def test_every_kind_goes_through_the_remote(real_cache: tuple[Path, dict], tmp_p
     remote = _counts(pg_url)
     for table in ("guarded_entries", "autotune_timings", "best_configs", "kernel_artifacts", "kernel_blobs"):
         assert local_b[table] == remote[table], table
+    # each tier holds FX graph / AOTAutograd payloads in its own form: the SQLite files the
+    # real entries (all under 1 MiB) as they are, PostgreSQL compressed (its TOAST would
+    # compress a stored frame itself, slower to write and read: cachedb/_payload.py)
+    from cachedb._payload import STORED_LEVEL, ZSTD_LEVEL, pack
+
+    contents = {(kind, key, variant): data for kind in ("fxgraph", "aotautograd") for key, variant, data in files[kind]}
+    for where, level in ((str(tmp_path / "a.db"), STORED_LEVEL), (str(tmp_path / "b.db"), STORED_LEVEL),
+                         (pg_url, ZSTD_LEVEL)):
+        frames = _frames(where)
+        assert frames.keys() == contents.keys(), where
+        for ident, (frame, size) in frames.items():
+            assert frame == pack(contents[ident], level=level).blob, (where, ident)
 
 
 def test_kernel_blobs_are_sent_once(real_cache: tuple[Path, dict], tmp_path: Path, pg_url: str) -> None:

@@ -284,7 +284,8 @@ class LiveStore:
             # Hash (once), scan, compress and sign before BEGIN IMMEDIATE: the write lock is
             # held only for the INSERT (and the existence check, on the ORM paths).
             prepared = guarded_repo.prepare_pickled(
-                kind, key, content, signer=db.signer, fingerprint_id=fp_id, own=True
+                kind, key, content, signer=db.signer, fingerprint_id=fp_id, own=True,
+                dialect=db.engine.dialect.name,
             )
             insert_new = guarded_repo.insert_new_for(db.engine.dialect.name)
             if fp_id is None:  # first write of this process: records its fingerprint (ORM)

@@ -130,6 +130,12 @@ def _check_kind(kind: str) -> None:
         raise ValueError(f"unknown guarded entry kind {kind!r}; expected one of {GUARDED_KINDS}")
 
 
+def _dialect(bind: Session | Connection) -> str:
+    """The SQLAlchemy dialect name of the database ``bind`` (a Connection or an ORM Session)
+    writes to: the payload level depends on it (:func:`~cachedb._payload.guarded_level`)."""
+    return bind.dialect.name if isinstance(bind, Connection) else bind.connection().dialect.name
+
+
 @dataclass(frozen=True, slots=True)
 class PreparedVariant:
     """A variant ready to insert: everything computed outside the write transaction (one
@@ -181,9 +187,11 @@ def prepare_pickled(
     fingerprint_id: int | None = None,
     where: str | None = None,
     own: bool = False,
+    dialect: str = "sqlite",
 ) -> PreparedVariant:
     """Hash, scan (:func:`cachedb._pickle_scan.read_entry_fields`, nothing is unpickled),
-    compress and sign one pickled entry, touching no database.
+    compress (at :func:`~cachedb._payload.guarded_level` for a ``dialect`` database) and sign
+    one pickled entry, touching no database.
 
     ``own``: ``payload`` is what this process's torch just pickled (a live write): its fields
     are read by :func:`cachedb._own_pickle.read_own_entry_fields` (the C unpickler over inert
@@ -198,7 +206,7 @@ def prepare_pickled(
     variant = sha256_digest_name(digest)
     read_fields = read_own_entry_fields if own else read_entry_fields
     fields = read_fields(payload, where=where or f"{kind}/{key}")
-    packed = pack(payload, digest=digest, level=guarded_level(len(payload)))
+    packed = pack(payload, digest=digest, level=guarded_level(len(payload), dialect))
     row: dict[str, object] = {
         "kind": kind, "key": key, "variant": variant,
         "guards_expr": fields.guards_expr, "guards_known": fields.guards_known,
@@ -280,7 +288,7 @@ class GuardedEntryRepository:
         params = {"kind": kind, "key": key, "variant": variant}
         if self.session.execute(_EXISTS, params).first() is not None:
             return variant, False
-        packed = pack(payload, digest=digest, level=guarded_level(len(payload)))
+        packed = pack(payload, digest=digest, level=guarded_level(len(payload), _dialect(self.session)))
         now = utcnow()
         row = {
             **params,
@@ -337,7 +345,7 @@ class GuardedEntryRepository:
             packed = entry.packed
             if packed is None:
                 content = entry.content()
-                packed = pack(content, digest=entry.digest, level=guarded_level(len(content)))
+                packed = pack(content, digest=entry.digest, level=guarded_level(len(content), _dialect(self.session)))
             rows.append({
                 "kind": kind, "key": key, "variant": variant,
                 "guards_expr": fields.guards_expr, "guards_known": fields.guards_known,
