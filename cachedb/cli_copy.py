@@ -30,7 +30,8 @@ _SIGNED_HELP = ("Refuse (nothing written) a source holding an FX graph/AOTAutogr
 _BATCH_HELP = "Rows per batch; each batch is one transaction on the target."
 _REPACK_HELP = ("Re-encode FX graph/AOTAutograd payloads as this cachedb writes them to DST (SQLite: entries "
                 "under 1 MiB stored as they are, decoded ~7x faster, larger ones compressed; PostgreSQL: all "
-                "compressed); each is verified first and keeps its SHA-256, so signatures still verify. For "
+                "compressed) also between two databases of a kind (between SQLite and PostgreSQL they always "
+                "are); each is verified first and keeps its SHA-256, so signatures still verify. For "
                 "databases written by an older cachedb.")
 
 
@@ -80,8 +81,8 @@ def copy_cmd(obj: _Context, src: str, dst: str, require_signed: bool, repack: bo
 
     SQLite to PostgreSQL, PostgreSQL to one portable SQLite file, SQLite to a compacted
     SQLite file. DST is created at this cachedb's schema; every row goes over (ids
-    remapped, payloads and signatures as stored, or with --repack payloads in today's
-    form), one transaction per batch. SRC is only read (an older schema is read as is, never
+    remapped, payloads and signatures as stored, FX graph/AOTAutograd payloads in DST's form
+    between SQLite and PostgreSQL, or always with --repack), one transaction per batch. SRC is only read (an older schema is read as is, never
     upgraded); a damaged SQLite SRC is refused. Interrupted? Run the same command again: it
     continues where it stopped. A new SQLite file takes 16 KiB pages.
 

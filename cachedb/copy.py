@@ -6,11 +6,13 @@ Every table's rows go over, source table by table in id order, in batches of at 
 copied: DST assigns its own and every foreign key is remapped through the parent's natural
 key (fingerprints by ``fingerprint_key``, kernel blobs by ``sha256``, CUTLASS op lists by
 ``request_key``). Payloads (zstd frames) and signatures are copied as stored: nothing is
-recompressed or re-signed, so a signed database still verifies under its key afterwards. With
-``repack``, FX graph / AOTAutograd payloads are re-encoded in the form this version writes to
-DST (:func:`cachedb._payload.repacked_guarded`: on SQLite entries under 1 MiB stored as they
-are, larger ones compressed; on PostgreSQL all compressed): each is verified first, keeps its content and SHA-256, and so its signature; one
-that fails its checks is copied as stored and counted.
+re-signed, so a signed database still verifies under its key afterwards. FX graph /
+AOTAutograd payloads are re-encoded in the form this version writes to DST
+(:func:`cachedb._payload.repacked_guarded`: on SQLite entries under 1 MiB stored as they are,
+larger ones compressed; on PostgreSQL all compressed) between an SQLite file and PostgreSQL,
+whose forms differ, and between two of a kind with ``repack``: each is verified first, keeps
+its content and SHA-256, and so its signature; one that fails its checks is copied as stored
+and counted.
 
 Rows move through the database drivers (:mod:`cachedb._bulk`: SQLite's cursor or a
 PostgreSQL server-side binary cursor in; a binary ``COPY ... FROM STDIN`` or sqlite3's
@@ -561,7 +563,9 @@ class _Transfer:
                  batch_rows: int, batch_bytes: int, fresh: bool = False, repack: bool = False) -> None:
         self.src, self.conn, self.dst, self.report = src, conn, dst, report
         self.mode = mode
-        self.repack = repack
+        #: FX graph / AOTAutograd payloads re-encoded for DST: asked for, or DST's form differs
+        #: from SRC's (an SQLite file stores small entries as they are, PostgreSQL compresses)
+        self.repack = repack or src.sqlite != (dst.engine.dialect.name == "sqlite")
         #: ids of the guarded rows of the current batch whose payload was re-encoded: counted
         #: in the report when the batch writes them (:meth:`_added`)
         self._repacked_rows: set[int] = set()
@@ -1042,9 +1046,10 @@ def copy_database(
     re-run continues. ``batch_rows`` (rows) and ``batch_bytes`` (bytes of row values) bound a
     batch, one DST transaction each; ``timeout_s``: seconds to wait on a locked database.
     ``signer`` (default: ``CACHEDB_HMAC_KEY``) is the key ``require_signed`` checks against.
-    ``repack``: FX graph / AOTAutograd payloads re-encoded as this version writes them (see the
-    module docstring; a database written before small entries were stored as they are reads
-    them ~7x faster after, at the bytes their files take: 9 against 64 µs for 100 KB).
+    ``repack``: FX graph / AOTAutograd payloads re-encoded as this version writes them to
+    ``target`` also when both are SQLite (or both PostgreSQL), as they always are between the
+    two (see the module docstring; a database written before small entries were stored as they
+    are reads them ~7x faster after, at the bytes their files take: 9 against 64 µs for 100 KB).
 
     Returns a :class:`CopyReport` (rows and bytes per table, seconds, entries re-encoded).
 
