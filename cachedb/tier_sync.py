@@ -18,10 +18,10 @@ writes them into another in the caller's transaction, by the rules of ``cachedb 
 
 Payloads (zstd frames), checksums and signatures travel as stored: what DST serves is checked
 by DST's ordinary read path, and a signed entry still verifies under the same key. One
-exception: an FX graph / AOTAutograd payload is written in DST's form
-(:func:`cachedb._payload.repacked_guarded`: on SQLite an entry under 1 MiB as it is, on
-PostgreSQL compressed), its content and SHA-256 (which its signature signs) unchanged; one that
-fails its checks goes as stored, for DST's read path to refuse.
+exception: :func:`in_form_of` re-encodes a bundle's FX graph / AOTAutograd payloads in DST's
+form (:func:`cachedb._payload.repacked_guarded`: on SQLite an entry under 1 MiB as it is, on
+PostgreSQL compressed), content and SHA-256 (which a signature signs) unchanged, before the
+caller opens DST's transaction (compression holds no lock).
 """
 
 from __future__ import annotations
@@ -275,11 +275,14 @@ def store(conn: Connection, bundle: Bundle) -> int:
     return _cutlass(conn, bundle, rows)
 
 
-def _in_form_of(dialect: str, rows: list[dict[str, Any]]) -> None:
-    """Guarded entry ``rows`` with their payloads re-encoded as a ``dialect`` database stores
-    them (:func:`cachedb._payload.repacked_guarded`); a payload that fails its checks is left
-    as it is."""
-    for values in rows:
+def in_form_of(bundle: Bundle, dialect: str) -> Bundle:
+    """``bundle`` with its FX graph / AOTAutograd payloads re-encoded as a ``dialect``
+    database stores them (:func:`cachedb._payload.repacked_guarded`), in place; other kinds
+    untouched. A payload that fails its checks is left as it is, for the destination's read
+    path to refuse. Call it before :func:`store`'s transaction: compression holds no lock."""
+    if bundle.entry.table != "guarded_entries":
+        return bundle
+    for values in bundle.rows:
         where = f"guarded_entries {values['kind']}/{values['key']}/{values['variant']}"
         try:
             blob = repacked_guarded(bytes(values["payload"]), int(values["size_bytes"]), values["checksum"],
@@ -288,6 +291,7 @@ def _in_form_of(dialect: str, rows: list[dict[str, Any]]) -> None:
             continue
         if blob is not None:
             values["payload"] = blob
+    return bundle
 
 
 def _insert_timings(conn: Connection, rows: list[dict[str, Any]]) -> int:
@@ -312,8 +316,6 @@ def _insert_new(conn: Connection, entry: Entry, table: str, rows: list[dict[str,
         if k not in have:
             have.add(k)
             new.append(r)
-    if table == "guarded_entries":  # only the rows written: DST's form
-        _in_form_of(conn.dialect.name, new)
     if new:
         bulk_insert(conn, t, new)
     return len(new)
@@ -374,6 +376,7 @@ __all__ = [
     "fetch",
     "fetch_blobs",
     "guarded",
+    "in_form_of",
     "kernel",
     "local_values",
     "missing_blobs",

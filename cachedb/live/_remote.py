@@ -233,6 +233,7 @@ class RemoteTier:
         self._asked.add(entry)
         if not bundle:
             return 0
+        sync.in_form_of(bundle, local.engine.dialect.name)  # before the local write lock
         with local.write() as repos:
             added = sync.store(repos.session, bundle)  # type: ignore[arg-type]
         self.counts["pull_hit"] += 1
@@ -306,7 +307,8 @@ class RemoteTier:
             with local.lookup() as repos:
                 bundle = sync.fetch(repos.session, entry, with_blobs=False)  # type: ignore[arg-type]
                 if bundle:
-                    bundles.append(bundle)  # a kernel's blobs: below, only those the remote lacks
+                    # the remote's form, before its transaction
+                    bundles.append(sync.in_form_of(bundle, db.engine.dialect.name))  # a kernel's blobs: below, only those the remote lacks
         if not bundles:
             return
         for attempt in (1, 2):

@@ -335,7 +335,7 @@ class GuardedEntryRepository:
                 )
             )
         rows, added, now = [], [], utcnow()
-        signer = self.signer
+        signer, dialect = self.signer, _dialect(self.session)
         for entry in entries:
             kind, key, variant, fields = entry.kind, entry.key, entry.variant, entry.fields
             if (kind, key, variant) in existing:
@@ -345,7 +345,7 @@ class GuardedEntryRepository:
             packed = entry.packed
             if packed is None:
                 content = entry.content()
-                packed = pack(content, digest=entry.digest, level=guarded_level(len(content), _dialect(self.session)))
+                packed = pack(content, digest=entry.digest, level=guarded_level(len(content), dialect))
             rows.append({
                 "kind": kind, "key": key, "variant": variant,
                 "guards_expr": fields.guards_expr, "guards_known": fields.guards_known,
