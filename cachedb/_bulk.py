@@ -154,32 +154,52 @@ def bulk_insert(conn: Connection, table: Table, rows: Sequence[dict[str, Any]], 
     """
     if not rows:
         return
+    first = rows[0]
+    names = tuple(c.name for c in table.c if c.name in first and c.name not in exclude)
+    lacking_default = any(c.default is not None and c.name not in first and not c.primary_key for c in table.c)
+    if lacking_default or not _fast(conn) or not names:
+        _wrapped(conn, table, lambda: conn.execute(insert(table), [{k: r[k] for k in names} for r in rows]))
+        return
+    bulk_insert_values(conn, table, names, [[r[n] for n in names] for r in rows])
+
+
+def bulk_insert_values(conn: Connection, table: Table, names: Sequence[str], values: list[list[Any]]) -> None:
+    """INSERT ``values`` (lists of the values of the columns ``names``, in that order; the lists
+    are changed in place) into ``table`` in the transaction of ``conn``, as :func:`bulk_insert`
+    writes dict rows, without building them. Every column with a Python-side default must be
+    among ``names``. Raises as :func:`bulk_insert` does."""
+    if not values:
+        return
+    names = tuple(names)
+    if not _fast(conn):
+        _wrapped(conn, table, lambda: conn.execute(insert(table), [dict(zip(names, v)) for v in values]))
+        return
+    _wrapped(conn, table, lambda: _insert_values(conn, table, names, values))
+
+
+def _fast(conn: Connection) -> bool:
+    """Whether rows go through the driver (SQLite, psycopg 3) rather than SQLAlchemy's insert."""
+    return conn.dialect.name == "sqlite" or _psycopg(conn)
+
+
+def _wrapped(conn: Connection, table: Table, write: Callable[[], object]) -> None:
     try:
-        _bulk_insert(conn, table, rows, exclude)
+        write()
     except conn.dialect.loaded_dbapi.Error as exc:
         raise DBAPIError.instance(f"bulk insert into {table.name}", None, exc, conn.dialect.loaded_dbapi.Error,
                                   dialect=conn.dialect) from exc
 
 
-def _bulk_insert(conn: Connection, table: Table, rows: Sequence[dict[str, Any]], exclude: Sequence[str]) -> None:
-    first = rows[0]
-    columns = [c for c in table.c if c.name in first and c.name not in exclude]
-    names = tuple(c.name for c in columns)
-    lacking_default = any(c.default is not None and c.name not in first and not c.primary_key for c in table.c)
-    fast = conn.dialect.name == "sqlite" or _psycopg(conn)
-    if lacking_default or not fast or not names:
-        conn.execute(insert(table), [{k: r[k] for k in names} for r in rows])
-        return
+def _insert_values(conn: Connection, table: Table, names: tuple[str, ...], values: list[list[Any]]) -> None:
+    columns = [table.c[n] for n in names]
     timestamps = [i for i, c in enumerate(columns) if isinstance(c.type, DateTime)]
     quote = conn.dialect.identifier_preparer.quote
     quoted = ", ".join(quote(n) for n in names)
     driver: Any = conn.connection.driver_connection
     if conn.dialect.name == "sqlite":
-        values = []
         last: Any = _NOTHING  # rows written together mostly share their timestamps: format each once
         last_text = ""
-        for r in rows:
-            row = [r[n] for n in names]
+        for row in values:
             for i in timestamps:
                 v = row[i]
                 if v is last:
@@ -187,7 +207,6 @@ def _bulk_insert(conn: Connection, table: Table, rows: Sequence[dict[str, Any]],
                 elif isinstance(v, dt.datetime):
                     last, last_text = v, sqlite_timestamp(v)
                     row[i] = last_text
-            values.append(row)
         sql = f"INSERT INTO {quote(table.name)} ({quoted}) VALUES ({', '.join('?' * len(names))})"
         driver.executemany(sql, values)
         return
@@ -195,9 +214,7 @@ def _bulk_insert(conn: Connection, table: Table, rows: Sequence[dict[str, Any]],
     # psycopg's binary dumpers keep the low bits of an int too large for an int2/int4 column
     # (2**40 is stored as 0): refuse it as the server refuses it in an INSERT, before the COPY.
     limits = [(i, _PG_INT_LIMITS[oid]) for i, oid in enumerate(oids) if oid in _PG_INT_LIMITS]
-    values = []
-    for r in rows:
-        row = [r[n] for n in names]
+    for row in values:
         for i in timestamps:
             v = row[i]
             if v.__class__ is dt.datetime and v.tzinfo is None:
@@ -208,7 +225,6 @@ def _bulk_insert(conn: Connection, table: Table, rows: Sequence[dict[str, Any]],
                 raise conn.dialect.loaded_dbapi.errors.NumericValueOutOfRange(
                     f"{names[i]} = {v}: integer out of range for its column"
                 )
-        values.append(row)
     with driver.cursor() as cursor, cursor.copy(f"COPY {quote(table.name)} ({quoted}) FROM STDIN (FORMAT BINARY)") as copy:
         copy.set_types(oids)
         for row in values:
@@ -244,4 +260,4 @@ def matching(conn: Connection, stmt: Select[Any], t: Table, columns: Sequence[st
     return stmt.join(v, and_(*(c == v.c[n] for n, c in zip(names, cols))))
 
 
-__all__ = ["UTC", "bulk_insert", "matching", "parse_timestamp", "sqlite_timestamp", "stream", "utc"]
+__all__ = ["UTC", "bulk_insert", "bulk_insert_values", "matching", "parse_timestamp", "sqlite_timestamp", "stream", "utc"]

@@ -45,7 +45,7 @@ from .fingerprint import Fingerprint
 from ._import_pool import default_workers, map_in_workers
 from ._import_walk import CUTLASS_FILE, GUARDED_KINDS, Item, Problem, Scanner, bytes_of, scan
 from ._own_pickle import read_own_entry_fields
-from ._payload import Packed, guarded_level, pack
+from ._payload import guarded_level, pack
 from ._pickle_scan import EntryFields, read_entry_fields
 from .keys import sha256_digest_name
 from .repositories.best_configs import prepare_columns
@@ -115,13 +115,16 @@ def _read(path: str, size: int) -> bytes:
 
 
 def _check_guarded(
-    kind: str, rel: str, data: bytes, reader: Callable[..., EntryFields] = read_entry_fields
+    kind: str, rel: str, data: bytes, reader: Callable[..., EntryFields] = read_entry_fields, *,
+    pack_for: str | None = None,
 ) -> Problem | ScannedPayload:
     """A guarded entry file (``kind``, path ``rel`` relative to the cache directory) ready to
     store, or why it cannot be imported: its name must be ``sha256_hash`` of its bytes (as
     Inductor names it) and its pickle must scan (``reader``: the opcode walk, or in a worker
     process the C reader that falls back to it). The SHA-256 and the scan are done once here;
-    the repository reuses them."""
+    the repository reuses them. ``pack_for`` (a dialect name, ``"sqlite"`` ...): the entry comes
+    compressed as that database stores it (:func:`~cachedb._payload.guarded_level`), its bytes
+    dropped; else it holds its bytes and the repository compresses it if it adds it."""
     parts = rel.split("/")
     digest = hashlib.sha256(data).digest()
     variant = sha256_digest_name(digest)
@@ -136,12 +139,21 @@ def _check_guarded(
                 text.encode("utf-8")
         if fields.time_taken_ns is not None and not -(2**63) <= fields.time_taken_ns < 2**63:
             raise OverflowError(f"time taken {fields.time_taken_ns} ns is outside int64")
-        return ScannedPayload(kind, parts[-2], data, digest, variant, fields)
     except Exception as exc:  # noqa: BLE001
         reason = input_error_reason(exc)
         if reason is None:
             raise
         return Problem(rel, reason)
+    size = len(data)
+    if pack_for is not None:
+        # the stored frame alone, not the content beside it (an FX graph entry under 1 MiB is
+        # stored as it is: a worker's pipe would carry its bytes twice)
+        blob: bytes | None = pack(data, digest=digest, level=guarded_level(size, pack_for)).blob
+        payload: bytes | None = None
+    else:
+        blob, payload = None, data
+    return ScannedPayload(kind, parts[-2], variant, fields.guards_expr, fields.guards_known, fields.reason, size,
+                          digest.hex(), fields.time_taken_ns, payload, blob)
 
 
 #: A guarded entry file as :func:`_check_guarded_files` takes it: ``(kind, path, path relative
@@ -161,13 +173,11 @@ def _weigh(files: Sequence[_GuardedFile]) -> int:
     return sum(f[3] for f in files)
 
 
-#: A checked guarded entry file as :func:`_check_guarded_files` returns it (plain tuples: a
-#: worker's results are pickled back, and dataclasses cost ~18 us a file to pickle and unpickle
-#: against ~1 us): ``(bytes read, reason)`` for a file that cannot be imported, else ``(bytes
-#: read, digest, variant, guards_expr, guards_known, guards_note, time_taken_ns, payload or
-#: None, stored frame or None)``: a worker sends the stored frame, not the payload.
-#: :func:`_decode_checked` makes it a Problem or ScannedPayload.
-_Checked = tuple[Any, ...]
+#: A checked guarded entry file as :func:`_check_guarded_files` returns it: ``(bytes read,
+#: reason)`` for a file that cannot be imported, else ``(bytes read, ScannedPayload)`` (a named
+#: tuple: a worker's results are pickled back, and dataclasses cost ~18 us a file to pickle and
+#: unpickle against ~1 us). :func:`_decode_checked` makes it a Problem or the ScannedPayload.
+_Checked = tuple[int, "str | ScannedPayload"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,6 +205,7 @@ def _check_guarded_files(files: Sequence[_GuardedFile], *, contained: bool, dial
     the entries it adds."""
     out: list[_Checked] = []
     reader = read_own_entry_fields if contained else read_entry_fields
+    pack_for = dialect if contained else None
     for kind, full, rel, size in files:
         try:
             data = _read(full, size)
@@ -206,27 +217,15 @@ def _check_guarded_files(files: Sequence[_GuardedFile], *, contained: bool, dial
         except UnicodeEncodeError:
             out.append((len(data), "file name is not valid UTF-8"))
             continue
-        checked = _check_guarded(kind, rel, data, reader)
-        if isinstance(checked, Problem):
-            out.append((len(data), checked.reason))
-            continue
-        f = checked.fields
-        # a worker sends back the stored frame alone, not the content beside it (an FX graph
-        # entry under 1 MiB is stored as it is: the pipe would carry its bytes twice)
-        blob = pack(data, digest=checked.digest, level=guarded_level(len(data), dialect)).blob if contained else None
-        out.append((len(data), checked.digest, checked.variant, f.guards_expr, f.guards_known, f.reason,
-                    f.time_taken_ns, None if contained else data, blob))
+        checked = _check_guarded(kind, rel, data, reader, pack_for=pack_for)
+        out.append((len(data), checked.reason if isinstance(checked, Problem) else checked))
     return out
 
 
 def _decode_checked(item: Item, checked: _Checked) -> Problem | ScannedPayload:
     """The :data:`_Checked` of ``item`` as the repository takes it."""
-    if len(checked) == 2:
-        return Problem(item.rel, checked[1])
-    size, digest, variant, guards_expr, guards_known, note, time_ns, data, blob = checked
-    fields = EntryFields(guards_expr, guards_known, time_ns, note)
-    packed = Packed(blob, size, digest.hex()) if blob is not None else None
-    return ScannedPayload(item.kind, item.rel.split("/")[-2], data, digest, variant, fields, packed)
+    result = checked[1]
+    return Problem(item.rel, result) if isinstance(result, str) else result
 
 
 def _check_best_config(item: Item, data: bytes, signer: Signer | None) -> Problem | tuple[str, str, dict[str, Any]]:
@@ -452,9 +451,9 @@ class Importer:
             _store(
                 repos, guarded, report,
                 lambda entries: g.put_many_pickled(entries, fingerprint_id=fp_id),
-                lambda e: g.put(e.kind, e.key, e.content(), guards_expr=e.fields.guards_expr,
-                                guards_known=e.fields.guards_known, guards_note=e.fields.reason,
-                                time_taken_ns=e.fields.time_taken_ns, fingerprint_id=fp_id)[1],
+                lambda e: g.put(e.kind, e.key, e.content(), guards_expr=e.guards_expr,
+                                guards_known=e.guards_known, guards_note=e.guards_note,
+                                time_taken_ns=e.time_taken_ns, fingerprint_id=fp_id)[1],
             )
         if best:
             b = repos.best_configs

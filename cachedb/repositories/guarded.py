@@ -7,19 +7,19 @@ import functools
 import hashlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import Connection, and_, bindparam, case, delete, func, insert, literal_column, null, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 from sqlalchemy.sql import ColumnElement, Insert, Select
 
-from .._bulk import bulk_insert, dialect_insert
+from .._bulk import bulk_insert_values, dialect_insert
 from .._engine import holds_write_lock
 from .._errors import CorruptPayloadError
-from .._payload import STREAM_PAYLOAD_BYTES, BlobSource, Packed, guarded_level, pack, unpack, unpack_from
+from .._payload import STREAM_PAYLOAD_BYTES, BlobSource, guarded_level, pack, unpack, unpack_from
 from .._own_pickle import read_own_entry_fields
-from .._pickle_scan import EntryFields, read_entry_fields
+from .._pickle_scan import read_entry_fields
 from .._signing import Signer
 from ..keys import sha256_digest_name
 from ..models import GUARDED_KINDS, GuardedEntry, QuarantinedEntry, utcnow
@@ -149,33 +149,47 @@ class PreparedVariant:
     row: dict[str, object]
 
 
-@dataclass(frozen=True, slots=True)
-class ScannedPayload:
+class ScannedPayload(NamedTuple):
     """A pickled entry as a bulk import holds it after checking it, so that storing it hashes
-    and scans nothing again: ``digest`` is ``hashlib.sha256(payload).digest()`` (32 bytes),
-    ``variant`` is ``sha256_digest_name(digest)`` (the entry's file name), ``fields`` are
-    :func:`cachedb._pickle_scan.read_entry_fields` of ``payload``; ``packed``, when the
-    checker already compressed it, is ``pack(payload, digest=digest,
-    level=guarded_level(len(payload)))``. ``payload`` may then be ``None`` (an import worker
-    sends back the stored frame alone): :meth:`content` gives the bytes either way."""
+    and scans nothing again: ``checksum`` is the SHA-256 hex digest of the entry's bytes,
+    ``variant`` is ``sha256_digest_name`` of that digest (the entry's file name), the guards
+    fields and ``time_taken_ns`` are :func:`cachedb._pickle_scan.read_entry_fields` of the
+    bytes, ``size_bytes`` their length. ``blob``, when the checker already compressed them, is
+    ``pack(payload, level=guarded_level(size_bytes, dialect)).blob``, and ``payload`` may then
+    be ``None`` (an import worker sends back the stored frame alone); else ``payload`` holds the
+    bytes: :meth:`content` gives them either way.
+
+    A named tuple, not a dataclass: an import makes one per file, and the fields are a row's
+    columns in :data:`_SCANNED_COLUMNS` order (kind to time)."""
 
     kind: str
     key: str
-    payload: bytes | None
-    digest: bytes
     variant: str
-    fields: EntryFields
-    packed: Packed | None = None
+    guards_expr: str | None
+    guards_known: bool
+    guards_note: str | None
+    size_bytes: int
+    checksum: str
+    time_taken_ns: int | None
+    payload: bytes | None
+    blob: bytes | None
 
     def content(self) -> bytes:
-        """The entry's bytes: ``payload``, else ``packed`` read back (checked as any stored
+        """The entry's bytes: ``payload``, else ``blob`` read back (checked as any stored
         payload; :class:`~cachedb.CorruptPayloadError` if it does not verify)."""
         if self.payload is not None:
             return self.payload
-        if self.packed is None:
-            raise ValueError(f"{self.kind}/{self.key}/{self.variant}: neither payload nor packed")
-        packed = self.packed
-        return unpack(packed.blob, packed.size_bytes, packed.checksum, where=f"{self.kind}/{self.key}/{self.variant}")
+        if self.blob is None:
+            raise ValueError(f"{self.kind}/{self.key}/{self.variant}: neither payload nor blob")
+        return unpack(self.blob, self.size_bytes, self.checksum, where=f"{self.kind}/{self.key}/{self.variant}")
+
+
+#: The columns a bulk import writes (:meth:`GuardedEntryRepository.put_many_pickled`): a
+#: :class:`ScannedPayload`'s first nine fields, then the stored payload and the rest.
+_SCANNED_COLUMNS = (
+    "kind", "key", "variant", "guards_expr", "guards_known", "guards_note", "size_bytes", "checksum",
+    "time_taken_ns", "payload", "created_at", "last_used_at", "hit_count", "fingerprint_id", "signature",
+)
 
 
 def prepare_pickled(
@@ -314,9 +328,10 @@ class GuardedEntryRepository:
 
     def put_many_pickled(self, entries: Sequence[ScannedPayload], *, fingerprint_id: int | None = None) -> list[bool]:
         """Store many scanned pickled entries at once (bulk import): one query per 500 keys
-        finds the variants already stored, one bulk INSERT (:func:`cachedb._bulk.bulk_insert`)
-        adds the rest. Nothing is hashed or scanned again: the digest, variant name and fields
-        are the caller's (:class:`ScannedPayload`). Returns, per entry, whether it was added.
+        finds the variants already stored, one bulk INSERT (:func:`cachedb._bulk.bulk_insert_values`)
+        adds the rest. Nothing is hashed or scanned again: the checksum, variant name and fields
+        are the caller's (:class:`ScannedPayload`); an entry without its ``blob`` is compressed
+        here (only if it is added). Returns, per entry, whether it was added.
 
         The INSERT runs without a SAVEPOINT: on a database where another writer may insert
         the same variant meanwhile (PostgreSQL), it can raise ``IntegrityError``; the caller
@@ -334,30 +349,27 @@ class GuardedEntryRepository:
                     select(_G.c.kind, _G.c.key, _G.c.variant).where(_G.c.kind.in_(kinds), _G.c.key.in_(chunk))
                 )
             )
-        rows, added, now = [], [], utcnow()
+        rows: list[list[Any]] = []
+        added: list[bool] = []
+        now = utcnow()
         signer, dialect = self.signer, _dialect(self.session)
         for entry in entries:
-            kind, key, variant, fields = entry.kind, entry.key, entry.variant, entry.fields
+            kind, key, variant = entry[0], entry[1], entry[2]
             if (kind, key, variant) in existing:
                 added.append(False)
                 continue
             existing.add((kind, key, variant))
-            packed = entry.packed
-            if packed is None:
+            blob = entry.blob
+            if blob is None:
                 content = entry.content()
-                packed = pack(content, digest=entry.digest, level=guarded_level(len(content), dialect))
-            rows.append({
-                "kind": kind, "key": key, "variant": variant,
-                "guards_expr": fields.guards_expr, "guards_known": fields.guards_known,
-                "guards_note": fields.reason, "payload": packed.blob, "size_bytes": packed.size_bytes,
-                "checksum": packed.checksum, "time_taken_ns": fields.time_taken_ns,
-                "created_at": now, "last_used_at": now, "hit_count": 0, "fingerprint_id": fingerprint_id,
-                "signature": signer.guarded(kind, key, variant, packed.checksum) if signer else None,
-            })
+                blob = pack(content, digest=bytes.fromhex(entry.checksum), level=guarded_level(len(content), dialect)).blob
+            # the first nine fields are the first nine columns (_SCANNED_COLUMNS)
+            rows.append([*entry[:9], blob, now, now, 0, fingerprint_id,
+                         signer.guarded(kind, key, variant, entry.checksum) if signer else None])
             added.append(True)
         if rows:
             bind = self.session
-            bulk_insert(bind if isinstance(bind, Connection) else bind.connection(), _G, rows)
+            bulk_insert_values(bind if isinstance(bind, Connection) else bind.connection(), _G, _SCANNED_COLUMNS, rows)
         return added
 
     def put_prepared(self, prepared: PreparedVariant) -> tuple[str, bool]:
