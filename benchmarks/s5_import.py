@@ -11,9 +11,10 @@ _import_pool.py``), and the same import with ``workers=0`` (everything in one pr
 alternation, each in a fresh interpreter that imports cachedb and not torch
 (:mod:`benchmarks._import_child`), as the ``cachedb import`` command runs. One more import per
 repetition runs in the benchmark's own process, for comparison: it holds torch and what §1–§4
-left on its heap, and the import forks its workers from it (in the full runs of 2026-11-26, fourth
-session: 0.72–0.91 s there after §4, against 0.55–0.57 s in a fresh interpreter; with §5 alone
-the two were alike). Reference ("baseline"): the I/O floor — ``os.walk`` plus reading every file's
+left on its heap, and the import forks its workers from it. In the full run of 2026-11-26
+(fourth session) the two were alike (16,557 and 17,051 entries/s); in the one before, where §4's
+at-scale case still ran in the benchmark's process, the import there took 0.91 s against 0.54 s
+with §5 alone. Reference ("baseline"): the I/O floor — ``os.walk`` plus reading every file's
 bytes — so the ratio is the importer's cost over just reading the directory. All run on a warm
 page cache. A cProfile of one more in-process import says where the time goes (grouped by
 module). Units: s per import; entries/s.
