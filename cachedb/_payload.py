@@ -194,6 +194,23 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_LARGE.forget_in_child)
 
 
+def _frame(data: bytes, level: int) -> bytes:
+    """The zstd frame of ``data`` at ``level`` (content size and XXH64 checksum recorded; with
+    :data:`ZSTD_THREADS_LARGE` workers from :data:`LARGE_PAYLOAD_BYTES` on)."""
+    if len(data) >= LARGE_PAYLOAD_BYTES:
+        return _LARGE.compress(data, level)
+    made = getattr(_COMPRESSOR, "c", None)
+    if made is None or made[0] != level:
+        made = _COMPRESSOR.c = (
+            level, zstandard.ZstdCompressor(level=level, write_content_size=True, write_checksum=True)
+        )
+    return made[1].compress(data)  # type: ignore[no-any-return]
+
+
+def _packed(frame: bytes, data: bytes, digest: bytes) -> Packed:
+    return Packed(blob=b"".join((frame, TRAILER_HEADER, digest)), size_bytes=len(data), checksum=digest.hex())
+
+
 def pack(data: bytes, *, digest: bytes | None = None, level: int | None = None) -> Packed:
     """Compress ``data`` (bytes) into a format-2 payload: a zstd frame recording its content
     size and XXH64 checksum, at ``level`` (default :func:`compression_level`; with
@@ -202,19 +219,61 @@ def pack(data: bytes, *, digest: bytes | None = None, level: int | None = None) 
     caller already has it (saves hashing twice)."""
     if level is None:
         level = compression_level()
-    if len(data) >= LARGE_PAYLOAD_BYTES:
-        frame = _LARGE.compress(data, level)
-    else:
-        made = getattr(_COMPRESSOR, "c", None)
-        if made is None or made[0] != level:
-            made = _COMPRESSOR.c = (
-                level, zstandard.ZstdCompressor(level=level, write_content_size=True, write_checksum=True)
-            )
-        frame = made[1].compress(data)
+    frame = _frame(data, level)
     if digest is None:
         digest = hashlib.sha256(data).digest()
-    blob = b"".join((frame, TRAILER_HEADER, digest))
-    return Packed(blob=blob, size_bytes=len(data), checksum=digest.hex())
+    return _packed(frame, data, digest)
+
+
+class PackingAside:
+    """:func:`pack` of ``data`` at ``level``, begun on a helper thread while the caller hashes
+    and reads the payload, for payloads of :data:`LARGE_PAYLOAD_BYTES` or more on a host with
+    more than one CPU (zstd and hashlib release the GIL: the SHA-256 and the compression run at
+    once instead of one after the other). Smaller payloads, or one CPU: compressed in
+    :meth:`packed`, on the caller's thread, as :func:`pack` does.
+
+    Use as a context manager: leaving the block waits for the helper thread, so none outlives
+    the call that started it, even when the block raises::
+
+        with PackingAside(payload, level) as aside:
+            digest = hashlib.sha256(payload).digest()
+            ...
+            packed = aside.packed(digest)
+    """
+
+    def __init__(self, data: bytes, level: int) -> None:
+        self._data = data
+        self._level = level
+        self._frame: bytes | None = None
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        if len(data) >= LARGE_PAYLOAD_BYTES and ZSTD_THREADS_LARGE > 1:
+            self._thread = threading.Thread(target=self._compress, name="cachedb-pack", daemon=True)
+            self._thread.start()
+
+    def _compress(self) -> None:
+        try:
+            self._frame = _frame(self._data, self._level)
+        except BaseException as exc:  # noqa: BLE001 - raised again by packed()
+            self._error = exc
+
+    def __enter__(self) -> PackingAside:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._thread is not None:
+            self._thread.join()
+
+    def packed(self, digest: bytes) -> Packed:
+        """The payload, ``digest`` (the SHA-256 of ``data``, 32 bytes) in its trailer. Waits for
+        the helper thread; raises what the compression raised."""
+        if self._thread is not None:
+            self._thread.join()
+            if self._error is not None:
+                raise self._error
+            assert self._frame is not None
+            return _packed(self._frame, self._data, digest)
+        return _packed(_frame(self._data, self._level), self._data, digest)
 
 
 def _looks_stored(blob: bytes, size_bytes: int) -> bool:

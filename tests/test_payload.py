@@ -132,6 +132,42 @@ def test_a_forked_child_compresses_large_payloads() -> None:
     assert child.exitcode == 0 and queue.get(timeout=10) is True
 
 
+@settings(max_examples=30, deadline=None)
+@given(st.binary(max_size=4096), st.integers(0, 3 << 20), st.sampled_from([1, 3, -1000]))
+def test_packing_aside_writes_what_pack_writes(random_part: bytes, zeros: int, level: int) -> None:
+    """PackingAside (the compression on a helper thread from LARGE_PAYLOAD_BYTES, on the
+    caller's thread below) gives pack's bytes, whichever side of the threshold."""
+    from cachedb._payload import PackingAside
+
+    data = random_part + bytes(zeros) + random_part
+    digest = hashlib.sha256(data).digest()
+    with PackingAside(data, level) as aside:
+        packed = aside.packed(digest)
+    assert packed == pack(data, digest=digest, level=level)
+    assert unpack(packed.blob, len(data), digest.hex(), where="x", full=True) == data
+
+
+def test_packing_aside_raises_the_helpers_error_and_leaves_no_thread() -> None:
+    """A compression that fails on the helper thread raises from packed(); a block that raises
+    before packed() still waits for the helper thread on its way out."""
+    import threading
+
+    from cachedb._payload import LARGE_PAYLOAD_BYTES, ZSTD_THREADS_LARGE, PackingAside
+
+    if ZSTD_THREADS_LARGE < 2:
+        pytest.skip("one CPU: PackingAside compresses on the caller's thread")
+    not_bytes = "x" * LARGE_PAYLOAD_BYTES  # zstd refuses a str: the helper thread's error
+    with pytest.raises(TypeError):
+        with PackingAside(not_bytes, 1) as aside:  # type: ignore[arg-type]
+            aside.packed(b"\0" * 32)
+    data = random.Random(5).randbytes(LARGE_PAYLOAD_BYTES) * 16  # tens of ms to compress
+    with pytest.raises(RuntimeError, match="the caller's own error"):
+        with PackingAside(data, 1):
+            assert any(t.name == "cachedb-pack" for t in threading.enumerate())
+            raise RuntimeError("the caller's own error")
+    assert not any(t.name == "cachedb-pack" for t in threading.enumerate())
+
+
 @pytest.mark.slow
 def test_the_level_setting_changes_what_is_written_never_what_is_read(
     real_cache: tuple[Path, dict], tmp_path: Path, monkeypatch: pytest.MonkeyPatch

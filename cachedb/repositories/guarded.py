@@ -17,7 +17,7 @@ from sqlalchemy.sql import ColumnElement, Insert, Select
 from .._bulk import bulk_insert_values, dialect_insert
 from .._engine import holds_write_lock
 from .._errors import CorruptPayloadError
-from .._payload import STREAM_PAYLOAD_BYTES, BlobSource, guarded_level, pack, unpack, unpack_from
+from .._payload import STREAM_PAYLOAD_BYTES, BlobSource, PackingAside, guarded_level, pack, unpack, unpack_from
 from .._own_pickle import read_own_entry_fields
 from .._pickle_scan import read_entry_fields
 from .._signing import Signer
@@ -205,7 +205,9 @@ def prepare_pickled(
 ) -> PreparedVariant:
     """Hash, scan (:func:`cachedb._pickle_scan.read_entry_fields`, nothing is unpickled),
     compress (at :func:`~cachedb._payload.guarded_level` for a ``dialect`` database) and sign
-    one pickled entry, touching no database.
+    one pickled entry, touching no database. From 1 MiB on a host with more than one CPU the
+    compression runs on a helper thread while the payload is hashed and read
+    (:class:`~cachedb._payload.PackingAside`).
 
     ``own``: ``payload`` is what this process's torch just pickled (a live write): its fields
     are read by :func:`cachedb._own_pickle.read_own_entry_fields` (the C unpickler over inert
@@ -216,11 +218,13 @@ def prepare_pickled(
         PickleScanError: a truncated or malformed pickle.
     """
     _check_kind(kind)
-    digest = hashlib.sha256(payload).digest()
-    variant = sha256_digest_name(digest)
-    read_fields = read_own_entry_fields if own else read_entry_fields
-    fields = read_fields(payload, where=where or f"{kind}/{key}")
-    packed = pack(payload, digest=digest, level=guarded_level(len(payload), dialect))
+    # a large payload is compressed on a helper thread while this one hashes and reads it
+    with PackingAside(payload, guarded_level(len(payload), dialect)) as aside:
+        digest = hashlib.sha256(payload).digest()
+        variant = sha256_digest_name(digest)
+        read_fields = read_own_entry_fields if own else read_entry_fields
+        fields = read_fields(payload, where=where or f"{kind}/{key}")
+        packed = aside.packed(digest)
     row: dict[str, object] = {
         "kind": kind, "key": key, "variant": variant,
         "guards_expr": fields.guards_expr, "guards_known": fields.guards_known,
