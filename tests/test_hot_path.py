@@ -4,6 +4,7 @@ busy waits without 100 ms steps. SQLite files (the live backend's database)."""
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import logging
 import multiprocessing
 import os
@@ -709,11 +710,15 @@ def _small_entry(n: int) -> bytes:
 
 
 @pytest.mark.skipif(not hasattr(sqlite3.Connection, "blobopen"), reason="sqlite3 reads in place from Python 3.11")
-def test_the_lookup_query_copies_only_the_first_small_variant(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """On SQLite the live lookup's query (VARIANT_REFS) copies the payload of a key's first
-    variant in Inductor's order, when it is under 1 MiB, and no other: Inductor most often
-    stops there, and a small variant is stored uncompressed. The others are read in place,
-    checked, when Inductor reaches them; torch gets every variant's bytes, in its order."""
+def test_the_lookup_reads_the_first_variant_and_lists_the_others_only_when_asked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On SQLite the live lookup's first query (FIRST_VARIANT) copies the payload of a key's
+    first variant in Inductor's order, when it is under 1 MiB, and no other row; it counts the
+    key's variants. When Inductor's guards hold for that one (find_guarded_entry stops), no
+    other statement runs; when it asks for more, one index query (LATER_VARIANTS) lists the
+    others, read in place as Inductor reaches them. torch gets every variant's bytes, in its
+    order, and a large first variant comes without its payload or size."""
     import cachedb
     from cachedb.keys import sha256_hash
     from cachedb.live import _seams
@@ -722,7 +727,7 @@ def test_the_lookup_query_copies_only_the_first_small_variant(tmp_path: Path, mo
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     db_path = tmp_path / "first.db"
-    key = "ffirstvariant" + "0" * 39
+    key, large_first = "ffirstvariant" + "0" * 39, "flargefirst" + "0" * 41
     small = [_small_entry(n) for n in (8, 16, 32)]
     large = _large_entry(64)
     while sha256_hash(large) < min(map(sha256_hash, small)):  # a small one first in Inductor's order
@@ -731,13 +736,34 @@ def test_the_lookup_query_copies_only_the_first_small_variant(tmp_path: Path, mo
     with cachedb.installed(db_path):
         for payload in payloads:
             FxGraphCache._write_to_local_cache(key, payload)
+        FxGraphCache._write_to_local_cache(large_first, large)
         store = _seams._active_store()
-        rows = sorted(store.db.kept.fetch(guarded_repo.VARIANT_REFS, {"kind": "fxgraph", "key": key}))
-        # the first carries its payload, size, checksum and signature column; the others none
-        assert [(row[1] is not None, row[2] is not None) for row in rows] == [(True, True)] + [(False, False)] * 3
-        assert [row[0] for row in rows] == [sha256_hash(p) for p in payloads]
-        served = [content for _, content, _ in FxGraphCache.iterate_over_candidates(True, None, key)]
-    assert served == payloads
+        kept = store.db.kept
+        params = {"kind": "fxgraph", "key": key}
+        ((variant, blob, size, digest, _, _, variants),) = kept.fetch(guarded_repo.FIRST_VARIANT, params)
+        assert (variant, variants, size) == (sha256_hash(payloads[0]), 4, len(payloads[0]))
+        assert blob is not None and digest == hashlib.sha256(payloads[0]).hexdigest()
+        later = kept.fetch(guarded_repo.LATER_VARIANTS, {**params, "after": variant})
+        assert [row[0] for row in later] == [sha256_hash(p) for p in payloads[1:]]
+        assert all(row[1:5] == (None,) * 4 for row in later)
+        ((_, blob, size, digest, _, _, variants),) = kept.fetch(
+            guarded_repo.FIRST_VARIANT, {"kind": "fxgraph", "key": large_first}
+        )
+        assert (blob, size, digest, variants) == (None, None, None, 1)
+
+        seen: list[str] = []
+        kept._driver().set_trace_callback(seen.append)
+        try:
+            candidates = FxGraphCache.iterate_over_candidates(True, None, key)
+            assert next(candidates)[1] == payloads[0]
+            candidates.close()  # as find_guarded_entry stops at the variant whose guards hold
+            assert len(seen) == 1 and "LIMIT 1" in seen[0], seen
+            served = [content for _, content, _ in FxGraphCache.iterate_over_candidates(True, None, key)]
+            assert served == payloads
+            assert sum("guarded_entries.variant >" in sql for sql in seen) == 1
+            assert [content for _, content, _ in FxGraphCache.iterate_over_candidates(True, None, large_first)] == [large]
+        finally:
+            kept._driver().set_trace_callback(None)
 
 
 @pytest.mark.skipif(not hasattr(sqlite3.Connection, "blobopen"), reason="sqlite3 reads in place from Python 3.11")

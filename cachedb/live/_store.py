@@ -11,6 +11,7 @@ import atexit
 import copy
 import datetime as dt
 import logging
+import operator
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -33,6 +34,7 @@ from ._best_configs import BestConfigCopy, Refused
 from ._remote import RemoteTier
 
 log = logging.getLogger("cachedb.live")
+_VARIANT_NAME = operator.itemgetter(0)
 T = TypeVar("T")
 
 #: Seconds a live lookup or write waits on a locked database before it counts as a miss.
@@ -158,40 +160,66 @@ class LiveStore:
     def guarded_candidates(self, kind: str, key: str) -> Iterator[tuple[str, bytes]]:
         """``(variant, pickle bytes)`` of every stored variant of ``key``, in Inductor's order.
 
-        One query reads the key's rows; each payload is decompressed and verified only when
-        the caller asks for its variant. Inductor stops at the first variant whose guards hold
+        One query reads the key's first variant (on SQLite; elsewhere every row), a second,
+        from the index alone, lists the others only if the caller asks for more; each payload
+        is decompressed and verified only when the caller asks for its variant. Inductor stops
+        at the first variant whose guards hold
         (``GuardedCache.find_guarded_entry``, torch/_inductor/codecache.py), as its own loop
         (``iterate_over_candidates``) stops reading files there, so the variants after a hit
         are never decompressed. A corrupt payload is skipped with a warning and quarantined.
         With a remote tier, the variants only the remote holds follow, fetched (one query)
         once the local ones are exhausted."""
-        rows = self.safely(f"{kind} lookup", [], lambda: self._variant_rows(kind, key))
-        log.debug("%s lookup %s: %d variant(s)", kind, key, len(rows))
         served: set[str] = set()
-        for variant, content in self._loaded(kind, key, rows):
+        for variant, content in self._local_candidates(kind, key, served):
             served.add(variant)
             yield variant, content
         # Inductor stops at the first variant whose guards hold: the remote tier is asked only
         # when no local one did. A local variant found corrupt (quarantined) is served from
         # the remote's copy.
         if self.remote is not None and self.pull(sync.guarded(kind, key)):
-            more = self.safely(f"{kind} lookup", [], lambda: self._variant_rows(kind, key))
-            yield from self._loaded(kind, key, [row for row in more if row[0] not in served])
+            yield from self._local_candidates(kind, key, served)
 
-    def _variant_rows(self, kind: str, key: str) -> list[tuple[Any, ...]]:
-        """The stored rows of ``key`` (:data:`cachedb.repositories.guarded.VARIANTS`, or
-        ``VARIANT_REFS`` where the kept connection reads in place), sorted by variant name as
-        Inductor sorts its file names; none while pickles are refused."""
+    def _local_candidates(self, kind: str, key: str, skip: set[str]) -> Iterator[tuple[str, bytes]]:
+        """:meth:`guarded_candidates` of the local database, less the variants in ``skip``. On
+        SQLite the first query reads the key's first variant alone
+        (:data:`~cachedb.repositories.guarded.FIRST_VARIANT`); the others are listed from the
+        index (:data:`~cachedb.repositories.guarded.LATER_VARIANTS`) only when the caller asks
+        for more."""
+        rows, more = self.safely(f"{kind} lookup", ([], False), lambda: self._variant_rows(kind, key, None))
+        after = rows[0][0] if more else None
+        yield from self._loaded(kind, key, [row for row in rows if row[0] not in skip] if skip else rows)
+        if after is not None:
+            later, _ = self.safely(f"{kind} lookup", ([], False), lambda: self._variant_rows(kind, key, after))
+            yield from self._loaded(kind, key, [row for row in later if row[0] not in skip])
+
+    def _variant_rows(self, kind: str, key: str, after: str | None) -> tuple[list[tuple[Any, ...]], bool]:
+        """``(rows, more)``: rows ``(variant, payload, size_bytes, checksum, signature, id)``
+        of ``key``, sorted by variant name as Inductor sorts its file names, and whether
+        variants after them are stored; none while pickles are refused.
+
+        Where the kept connection reads in place (SQLite): the first variant's row
+        (:data:`~cachedb.repositories.guarded.FIRST_VARIANT`), or with ``after`` (that
+        variant's name) the rows of the variants after it, ``NULL`` but for ``variant`` and
+        ``id`` (:data:`~cachedb.repositories.guarded.LATER_VARIANTS`): :meth:`_loaded` reads
+        those in place. Elsewhere: every variant's row
+        (:data:`~cachedb.repositories.guarded.VARIANTS`)."""
         db = self.db  # opening it decides whether pickles are refused
         if self.pickles_refused is not None:
-            return []
-        # On SQLite only the first variant's payload comes with the query, when it is under
-        # 1 MiB; the others are left in the database (NULL here) and read in place when
-        # Inductor reaches their variant (:meth:`_loaded`).
-        query = guarded_repo.VARIANT_REFS if db.kept.reads_in_place else guarded_repo.VARIANTS
-        rows = db.kept.fetch(query, {"kind": kind, "key": key})
-        rows.sort(key=lambda row: row[0])
-        return rows
+            return [], False
+        if not db.kept.reads_in_place:
+            rows = db.kept.fetch(guarded_repo.VARIANTS, {"kind": kind, "key": key})
+            rows.sort(key=_VARIANT_NAME)
+            return rows, False
+        if after is None:
+            first = db.kept.fetch(guarded_repo.FIRST_VARIANT, {"kind": kind, "key": key})
+            if not first:
+                return [], False
+            *row, variants = first[0]
+            log.debug("%s lookup %s: %d variant(s)", kind, key, variants)
+            return [tuple(row)], variants > 1
+        rows = db.kept.fetch(guarded_repo.LATER_VARIANTS, {"kind": kind, "key": key, "after": after})
+        rows.sort(key=_VARIANT_NAME)
+        return rows, False
 
     def _loaded(self, kind: str, key: str, rows: list[tuple[Any, ...]]) -> Iterator[tuple[str, bytes]]:
         """``(variant, payload)`` of ``rows``, each decompressed and verified when it is asked

@@ -37,32 +37,23 @@ def _variants(payload: ColumnElement[bytes]) -> Select[Any]:
 #: Hot path: ``(variant, payload, size_bytes, checksum, signature, id)`` of every variant of
 #: one key, in Inductor's order (sorted file names). Binds: ``kind``, ``key``.
 VARIANTS = _VARIANTS = _variants(_G.c.payload)
-#: The first variant of one key in Inductor's order (the least name). Binds: ``kind``, ``key``.
-_FIRST = _G.alias("first_variant")
-_FIRST_VARIANT = (
-    select(func.min(_FIRST.c.variant))
-    .where(_FIRST.c.kind == bindparam("kind"), _FIRST.c.key == bindparam("key"))
-    .scalar_subquery()
-)
-#: Hot path on SQLite: :data:`VARIANTS` for the first variant of a key in Inductor's order
-#: when its payload is under :data:`~cachedb._payload.STREAM_PAYLOAD_BYTES` (stored and
-#: uncompressed); every other row gives only its ``variant`` and ``id``, the rest ``NULL``,
-#: and :func:`load_streamed_variant` reads it in place, with its size, checksum and signature
-#: (:data:`VARIANT_AT`), when Inductor reaches it. Inductor stops at the first variant whose
-#: guards hold, most often the first. SQLite stores ``payload`` before ``size_bytes``,
-#: ``checksum`` and ``signature`` in the row, and reaching them walks the payload's overflow
-#: pages (~40 us for 100 KB at 4 KiB pages, ~1.4 ms for 20 MB): a row left ``NULL`` here reads
-#: none of its pages (``length(payload)`` comes from the row's header), so a key's other
-#: variants cost the query nothing (§4, four variants; docs/hot-paths.md). The first
-#: variant's name comes from the ``(kind, key, variant)`` index, once per query.
-#: Binds: ``kind``, ``key``.
+#: Hot path on SQLite: the row of :data:`VARIANTS` for the first variant of a key in
+#: Inductor's order (the least name: the ``(kind, key, variant)`` index's first entry, ``LIMIT
+#: 1``), none for a key not stored. Its payload, size, checksum and signature when the payload
+#: is under :data:`~cachedb._payload.STREAM_PAYLOAD_BYTES` (stored and uncompressed); else
+#: ``NULL`` and :func:`load_streamed_variant` reads it in place, with its size, checksum and
+#: signature (:data:`VARIANT_AT`), when Inductor reaches it. SQLite stores ``payload`` before
+#: ``size_bytes``, ``checksum`` and ``signature`` in the row, and reaching them walks the
+#: payload's overflow pages (~1.4 ms for 20 MB at 4 KiB pages): the condition reads
+#: ``length(payload)`` from the row's header first, so a large payload's pages are not read.
+#: Inductor stops at the first variant whose guards hold, most often the first: the key's
+#: other variants (:data:`LATER_VARIANTS`) are listed only when it asks for more, and the
+#: row's last column, the key's number of variants (from the index), says whether there are
+#: any. Binds: ``kind``, ``key``.
 _STREAM_BYTES = literal_column(str(int(STREAM_PAYLOAD_BYTES)))  # in the SQL text: no bind per use
-_INLINE = and_(
-    _G.c.variant == _FIRST_VARIANT,
-    func.length(_G.c.payload) < _STREAM_BYTES,
-    _G.c.size_bytes < _STREAM_BYTES,
-)
-VARIANT_REFS = (
+_OTHER = _G.alias("other_variant")
+_INLINE = and_(func.length(_G.c.payload) < _STREAM_BYTES, _G.c.size_bytes < _STREAM_BYTES)
+FIRST_VARIANT = (
     select(
         _G.c.variant,
         *(
@@ -70,11 +61,24 @@ VARIANT_REFS = (
             for column in (_G.c.payload, _G.c.size_bytes, _G.c.checksum, _G.c.signature)
         ),
         _G.c.id,
+        select(func.count()).where(_OTHER.c.kind == bindparam("kind"), _OTHER.c.key == bindparam("key"))
+        .scalar_subquery(),
     )
     .where(_G.c.kind == bindparam("kind"), _G.c.key == bindparam("key"))
     .order_by(_G.c.variant)
+    .limit(literal_column("1"))  # in the SQL text, as below: no binds
+    .offset(literal_column("0"))
 )
-#: A row of :data:`VARIANT_REFS` left ``NULL``: ``(size_bytes, checksum, signature)`` while
+#: Hot path on SQLite: ``(variant, NULL, NULL, NULL, NULL, id)`` of each variant of a key after
+#: ``after`` (the first's name) in Inductor's order, from the ``(kind, key, variant)`` index
+#: alone (no row is read): each is read in place when Inductor reaches it
+#: (:data:`VARIANT_AT`). Binds: ``kind``, ``key``, ``after``.
+LATER_VARIANTS = (
+    select(_G.c.variant, null(), null(), null(), null(), _G.c.id)
+    .where(_G.c.kind == bindparam("kind"), _G.c.key == bindparam("key"), _G.c.variant > bindparam("after"))
+    .order_by(_G.c.variant)
+)
+#: A row of :data:`FIRST_VARIANT` or :data:`LATER_VARIANTS` left ``NULL``: ``(size_bytes, checksum, signature)`` while
 #: the row ``id`` is still that variant (its id may name another row once it is deleted).
 #: Binds: ``id``, ``kind``, ``key``, ``variant``.
 VARIANT_AT = select(_G.c.size_bytes, _G.c.checksum, _G.c.signature).where(
@@ -269,9 +273,9 @@ def load_streamed_variant(
     signer: Signer | None, kind: str, key: str, variant: str, source: BlobSource, size: int, digest: str,
     signature: str | None,
 ) -> bytes:
-    """:func:`load_variant` of a payload read in place (a row of :data:`VARIANT_REFS` whose
-    payload is ``NULL``; ``source``: its ``sqlite3.Blob``; ``size``, ``digest``,
-    ``signature``: its :data:`VARIANT_AT` row), decompressed as it is read
+    """:func:`load_variant` of a payload read in place (a row of :data:`FIRST_VARIANT` or
+    :data:`LATER_VARIANTS` whose payload is ``NULL``; ``source``: its ``sqlite3.Blob``;
+    ``size``, ``digest``, ``signature``: its :data:`VARIANT_AT` row), decompressed as it is read
     (:func:`cachedb._payload.unpack_from`): the stored frame is never copied whole into
     memory. Raises :class:`~cachedb.CorruptPayloadError` as :func:`load_variant` does."""
     where = _signed_where(signer, kind, key, variant, digest, signature)
