@@ -6,11 +6,15 @@ reads the entry from Inductor's own cache dir ``CACHE_DIR`` (``TORCHINDUCTOR_CAC
 key (torch's first lookup imports and sets up, on both sides alike) and the import of the
 entry's classes, times the one ``FxGraphCache.iterate_over_candidates(True, None, KEY)`` call
 (list, read or fetch, decompress, ``pickle.loads``) with no warm memory on either side, and
-counts the minor page faults it took. Prints one JSON line: ``{"s": seconds, "faults": count}``.
+counts the minor page faults it took. The call runs with Python's collector off, on both
+sides: else whether a collection lands in it depends on how many objects the code before it
+allocated (a change elsewhere in cachedb moved the live side's first 100 KB get from 0.3 to
+1.1 ms, all of it one collection). Prints one JSON line: ``{"s": seconds, "faults": count}``.
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
@@ -37,11 +41,18 @@ def main() -> None:
         import benchmarks._payloads  # noqa: F401
 
         assert not list(FxGraphCache.iterate_over_candidates(True, None, "f" + "0" * 51))
+        # Python's collector runs when enough objects have been allocated since its last run:
+        # one timed call either pays a pass over older generations (torch's objects included,
+        # ~0.8 ms) or not, by where the count stood, which shifts with any code that ran
+        # before. Both sides time the call with the collector off. (A gc.collect() first would
+        # leave the CPU caches cold: both sides' calls took 0.4-0.7 ms then.)
+        gc.disable()
         before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         t = time.perf_counter()
         got = list(FxGraphCache.iterate_over_candidates(True, None, key))
         took = time.perf_counter() - t
         faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+        gc.enable()
     assert len(got) == 1 and got[0][0].nonce == nonce, (mode, key, len(got))
     print(json.dumps({"s": took, "faults": faults}))
 
