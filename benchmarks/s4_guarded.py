@@ -433,7 +433,8 @@ def _variants_case(ctx: Context, res: SectionResult) -> None:
         f"{VARIANTS_PER_KEY} guarded variants of 100 KB under each key, the first in Inductor's order "
         f"holding: torch's `find_guarded_entry` reads and unpickles that one and stops, on files and "
         f"live alike ({n_keys} keys a round, {rounds} alternating rounds after a warm-up). The live store "
-        "reads the key's rows in one query and decompresses a variant only when Inductor reaches it."
+        "reads the key's first variant in one query (the others are listed only if Inductor asks for "
+        "more) and decompresses a variant only when Inductor reaches it."
     )
 
 
