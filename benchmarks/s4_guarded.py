@@ -94,7 +94,8 @@ def _first_gets(
     """Median seconds and minor page faults of the first get in a fresh process, files vs live
     (:mod:`benchmarks._first_get_child`), in alternating pairs: what torch pays once per process,
     where neither side has warm memory. Each side's call runs with Python's collector off, so a
-    collection of older generations does not land in one side's single call by chance. ``None`` off Linux/macOS (no ``resource``)."""
+    collection of older generations does not land in one side's single call by chance.
+    ``None`` off Linux/macOS (no ``resource``)."""
     try:
         import resource  # noqa: F401 - the child needs it
     except ImportError:

@@ -78,8 +78,9 @@ LATER_VARIANTS = (
     .where(_G.c.kind == bindparam("kind"), _G.c.key == bindparam("key"), _G.c.variant > bindparam("after"))
     .order_by(_G.c.variant)
 )
-#: A row of :data:`FIRST_VARIANT` or :data:`LATER_VARIANTS` left ``NULL``: ``(size_bytes, checksum, signature)`` while
-#: the row ``id`` is still that variant (its id may name another row once it is deleted).
+#: A row of :data:`FIRST_VARIANT` or :data:`LATER_VARIANTS` left ``NULL``: ``(size_bytes,
+#: checksum, signature)`` while the row ``id`` is still that variant (its id may name another
+#: row once it is deleted).
 #: Binds: ``id``, ``kind``, ``key``, ``variant``.
 VARIANT_AT = select(_G.c.size_bytes, _G.c.checksum, _G.c.signature).where(
     _G.c.id == bindparam("id"), _G.c.kind == bindparam("kind"), _G.c.key == bindparam("key"),
