@@ -345,6 +345,7 @@ def test_hot_guarded_put_inserts_each_variant_once(real_cache: tuple[Path, dict]
     store.guarded_put("fxgraph", k0, d0)  # first write: records the fingerprint (ORM)
     store.guarded_put("fxgraph", k1, d1)  # the one-statement path
     store.guarded_put("fxgraph", k1, d1)  # stored already: nothing new
+    assert store.flush(60)  # written by the write-behind thread (cachedb/live/_writer.py)
     assert dict(store.guarded_candidates("fxgraph", k1)) == {v1: d1}
     with store.db.read() as repos:
         rows = {(g.key, g.variant): g for g in repos.session.scalars(select(GuardedEntry))}
@@ -356,6 +357,7 @@ def test_hot_guarded_put_inserts_each_variant_once(real_cache: tuple[Path, dict]
     assert row.created_at == row.last_used_at and row.hit_count == 0
     store.note_hit("fxgraph", k1, v1)
     store.guarded_put("fxgraph", k0, d0)  # with a pending hit: written in the same transaction
+    assert store.flush(60)
     with store.db.read() as repos:
         assert repos.session.scalars(select(GuardedEntry.hit_count).where(GuardedEntry.key == k1)).one() == 1
     assert not store._warned
@@ -480,6 +482,7 @@ def test_kept_writes_leave_wal_checkpoints_to_a_background_thread(tmp_path: Path
     store = LiveStore(str(db_path), trust=True)
     for i in range(3):
         store.guarded_put("fxgraph", f"fbig{i}", _big_entry(i))
+    assert store.flush(60)  # the write-behind thread's writes go through the kept connection
     assert not store._warned
     kept = store.db.kept
     assert kept._dbapi.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
@@ -629,8 +632,9 @@ def test_a_served_variant_is_not_held_compressed_while_inductor_unpickles_it(
     key = "fheldcompressed" + "0" * 37
     # 4 MiB that zstd stores in ~1 MiB: the random MiB does not compress, the zeros do
     payload = pickle.dumps(SimpleNamespace(guards_expr="s0 < 8", blob=os.urandom(1 << 20) + bytes(3 << 20)))
-    with cachedb.installed(db_url):
+    with cachedb.installed(db_url) as store:
         FxGraphCache._write_to_local_cache(key, payload)
+        assert store.flush(60)  # written (write-behind) before another connection looks
         assert list(FxGraphCache.iterate_over_candidates(True, None, "fabsent" + "0" * 45)) == []  # opened
         db = CacheDB(db_url)
         with db.engine.connect() as conn:
@@ -738,6 +742,7 @@ def test_the_lookup_reads_the_first_variant_and_lists_the_others_only_when_asked
             FxGraphCache._write_to_local_cache(key, payload)
         FxGraphCache._write_to_local_cache(large_first, large)
         store = _seams._active_store()
+        assert store.flush(60)  # written (write-behind) before the statements are run by hand
         kept = store.db.kept
         params = {"kind": "fxgraph", "key": key}
         ((variant, blob, size, digest, _, _, variants),) = kept.fetch(guarded_repo.FIRST_VARIANT, params)
@@ -796,6 +801,7 @@ def test_a_variant_read_in_place_gone_before_inductor_reaches_it_is_absent_not_c
         other.execute("DELETE FROM guarded_entries WHERE id = ?", (gone_id,))
         if then == "id_reused":  # SQLite gives the next row the largest id again
             FxGraphCache._write_to_local_cache("fanotherkey" + "0" * 41, _large_entry(99))
+            assert _seams._active_store().flush(60)
             assert other.execute("SELECT key FROM guarded_entries WHERE id = ?", (gone_id,)).fetchone() == (
                 "fanotherkey" + "0" * 41,
             )

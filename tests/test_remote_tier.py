@@ -384,7 +384,7 @@ def test_remote_that_refuses_writes_still_serves_reads(
             assert store.best_config_get(key) == data  # pulled
             fx_key, _, fx = files["fxgraph"][0]
             store.guarded_put("fxgraph", fx_key, fx)
-            assert store.remote.flush()
+            assert store.flush(60) and store.remote.flush()
             store.guarded_put("fxgraph", files["fxgraph"][-1][0], files["fxgraph"][-1][2])
             store.close()
         messages = [r.getMessage() for r in caplog.records if "remote cache" in r.getMessage()]
@@ -411,7 +411,7 @@ def test_remote_writer_killed_mid_write_loses_nothing(
     store = LiveStore(str(tmp_path / "a.db"), remote=tier)
     fx_key, _, fx = files["fxgraph"][0]
     store.guarded_put("fxgraph", fx_key, fx)  # opens the remote, creates its schema
-    assert tier.flush()
+    assert store.flush(60) and tier.flush()  # written locally (write-behind), then sent
     admin = create_engine(pg_url)
     locker = admin.connect()
     locker.begin()
@@ -434,7 +434,7 @@ def test_remote_writer_killed_mid_write_loses_nothing(
     locker.close()
     admin.dispose()
     assert killed, "the remote writer never waited on the lock"
-    assert tier.flush(30)
+    assert store.flush(60) and tier.flush(30)
     store.close()
     expected = len(files["fxgraph"]) + len(files["aotautograd"])
     assert _counts(str(tmp_path / "a.db"))["guarded_entries"] == expected

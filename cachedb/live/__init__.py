@@ -30,6 +30,8 @@ from . import _autoload, _seams
 from ._remote import ENV_REMOTE_TIMEOUT, ENV_REMOTE_URL, DEFAULT_REMOTE_TIMEOUT_S, RemoteTier
 from ._seams import SeamMissingError
 from ._store import DEFAULT_LIVE_TIMEOUT_S, LiveStore
+from ._writer import ENV_WRITE_BEHIND
+from ._writer import enabled_by_environment as write_behind_by_environment
 
 log = logging.getLogger("cachedb.live")
 
@@ -99,6 +101,7 @@ def install(
     retune: bool | None = None,
     remote: str | None = None,
     remote_timeout_s: float | None = None,
+    write_behind: bool | None = None,
 ) -> LiveStore:
     """Make Inductor store and find its caches in the database at ``path``.
 
@@ -120,6 +123,13 @@ def install(
     (seconds, default ``$CACHEDB_REMOTE_TIMEOUT`` or 2) bounds connecting and each statement;
     a remote that is down, slow or refuses writes costs one warning, then ``path`` alone serves.
 
+    ``write_behind`` (default ``$CACHEDB_WRITE_BEHIND``, on unless ``0``): FX graph and
+    AOTAutograd entries are written by a background thread after torch's put returns
+    (:mod:`cachedb.live._writer`): this process reads its own puts (a lookup waits for a
+    queued key), other processes see them once written (milliseconds later;
+    ``store.flush()`` writes the queue now), and the queue is written at exit and by
+    ``uninstall``. A ``kill -9`` loses the entries still queued, never part of one.
+
     Compiled kernels are served too: C++ kernel libraries through ``CppCodeCache``'s build
     seams, and Triton's cache through ``TRITON_CACHE_MANAGER`` (set here unless the user set
     another manager, which is then kept with a warning). Inductor's compile workers copy the
@@ -135,7 +145,7 @@ def install(
     cannot be opened does not raise: it logs one warning and every lookup is a miss.
     """
     _disarm_watch()  # an explicit install replaces the environment's deferred activation
-    settings = _Settings.resolve(path, timeout_s, retune, remote, remote_timeout_s)
+    settings = _Settings.resolve(path, timeout_s, retune, remote, remote_timeout_s, write_behind)
     try:
         import torch  # noqa: F401
     except ImportError as exc:
@@ -144,7 +154,9 @@ def install(
     with _lock:
         if _active is not None:
             active_remote = _active[0].remote.url if _active[0].remote is not None else None
-            if _active[0].location == settings.location and active_remote == settings.remote and _deferred is None:
+            same_writer = (_active[0].writer is not None) == settings.write_behind
+            if (_active[0].location == settings.location and active_remote == settings.remote
+                    and same_writer and _deferred is None):
                 return _active[0]
             uninstall()
         store = settings.store(trust=trust)
@@ -163,11 +175,12 @@ class _Settings:
     retune: bool
     remote: str | None
     remote_timeout_s: float
+    write_behind: bool
 
     @classmethod
     def resolve(cls, path: str | os.PathLike[str] | None = None, timeout_s: float | None = None,
                 retune: bool | None = None, remote: str | None = None,
-                remote_timeout_s: float | None = None) -> _Settings:
+                remote_timeout_s: float | None = None, write_behind: bool | None = None) -> _Settings:
         location = os.fspath(path) if path is not None else default_location()
         if "://" not in location:
             location = str(Path(location).expanduser().resolve())
@@ -178,11 +191,13 @@ class _Settings:
             remote=remote if remote is not None else os.environ.get(ENV_REMOTE_URL) or None,
             remote_timeout_s=(remote_timeout_s if remote_timeout_s is not None
                               else float(os.environ.get(ENV_REMOTE_TIMEOUT) or DEFAULT_REMOTE_TIMEOUT_S)),
+            write_behind=write_behind if write_behind is not None else write_behind_by_environment(),
         )
 
     def store(self, *, trust: bool = False) -> LiveStore:
         tier = RemoteTier(self.remote, timeout_s=self.remote_timeout_s) if self.remote else None
-        return LiveStore(self.location, timeout_s=self.timeout_s, trust=trust, remote=tier)
+        return LiveStore(self.location, timeout_s=self.timeout_s, trust=trust, remote=tier,
+                         write_behind=self.write_behind)
 
 
 def _start(store: LiveStore, patches: list[_seams._Patch], settings: _Settings, *, has_triton: bool) -> None:
@@ -192,13 +207,15 @@ def _start(store: LiveStore, patches: list[_seams._Patch], settings: _Settings, 
     previous = {
         k: os.environ.get(k)
         for k in ("CACHEDB_PATH", "CACHEDB_URL", ENV_ENABLE, "PYTHONPATH", ENV_TRITON_MANAGER,
-                  ENV_TORCH_PYTHONPATH, ENV_REMOTE_URL, ENV_REMOTE_TIMEOUT)
+                  ENV_TORCH_PYTHONPATH, ENV_REMOTE_URL, ENV_REMOTE_TIMEOUT, ENV_WRITE_BEHIND)
     }
     remote = settings.remote
     child = child_environment(store.location, remote=remote, remote_timeout_s=settings.remote_timeout_s if remote else None)
     if not remote:
         child.pop(ENV_REMOTE_URL, None)
         child.pop(ENV_REMOTE_TIMEOUT, None)
+    if not settings.write_behind or previous[ENV_WRITE_BEHIND] is not None:  # unset: on
+        child[ENV_WRITE_BEHIND] = "1" if settings.write_behind else "0"
     user_manager = os.environ.get(ENV_TRITON_MANAGER)
     if has_triton and user_manager and user_manager != TRITON_MANAGER_SPEC:
         log.warning(
@@ -316,6 +333,8 @@ def _close_at_exit() -> None:
     if _active is None:
         return
     store = _active[0]
+    if not store.flush():  # queued FX graph / AOTAutograd puts, before the checkpoint
+        log.warning("cachedb: queued FX graph/AOTAutograd writes were not all written at exit")
     store.flush_hits()
     db = store._db
     if db is not None and db.path is not None:
@@ -385,10 +404,12 @@ def installed(
     retune: bool | None = None,
     remote: str | None = None,
     remote_timeout_s: float | None = None,
+    write_behind: bool | None = None,
 ) -> Iterator[LiveStore]:
-    """``with cachedb.installed("cache.db"): model = torch.compile(model); model(x)``."""
+    """``with cachedb.installed("cache.db"): model = torch.compile(model); model(x)``
+    (:func:`install`'s arguments; the queued writes are written when the block ends)."""
     store = install(path, timeout_s=timeout_s, trust=trust, retune=retune, remote=remote,
-                    remote_timeout_s=remote_timeout_s)
+                    remote_timeout_s=remote_timeout_s, write_behind=write_behind)
     try:
         yield store
     finally:

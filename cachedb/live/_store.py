@@ -32,6 +32,7 @@ from ..repositories import timings as timings_repo
 from ..repositories.timings import next_position
 from ._best_configs import BestConfigCopy, Refused
 from ._remote import RemoteTier
+from ._writer import WriteBehind, enabled_by_environment
 
 log = logging.getLogger("cachedb.live")
 _VARIANT_NAME = operator.itemgetter(0)
@@ -50,14 +51,23 @@ class LiveStore:
 
     ``remote``: a shared database behind this one (:mod:`cachedb.live._remote`): a local miss
     is looked up there and copied here, and what is written here is copied there.
+
+    ``write_behind`` (default: ``$CACHEDB_WRITE_BEHIND``, on unless ``0``): FX graph and
+    AOTAutograd puts are queued and written by a background thread
+    (:mod:`cachedb.live._writer`; a lookup of a queued key waits for it; :meth:`flush` waits
+    for all); off, each put is written before it returns.
     """
 
     def __init__(
         self, location: str, *, timeout_s: float = DEFAULT_LIVE_TIMEOUT_S, trust: bool = False,
-        remote: RemoteTier | None = None,
+        remote: RemoteTier | None = None, write_behind: bool | None = None,
     ) -> None:
         self.location = location
         self.remote = remote
+        if write_behind is None:
+            write_behind = enabled_by_environment()
+        #: the queue of FX graph / AOTAutograd puts (``None``: every put is written at once)
+        self.writer: WriteBehind | None = WriteBehind() if write_behind else None
         self.timeout_s = timeout_s
         self.trust = trust
         self.pickles_refused: str | None = None
@@ -97,7 +107,15 @@ class LiveStore:
                     )
             return self._db
 
+    def flush(self, timeout_s: float | None = None) -> bool:
+        """Write every queued FX graph / AOTAutograd put now (:mod:`cachedb.live._writer`);
+        False if ``timeout_s`` seconds (default: the writer's flush timeout, 60) passed first.
+        Other processes see a put once it is written."""
+        return self.writer.flush(timeout_s) if self.writer is not None else True
+
     def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()  # queued puts first (bounded wait)
         self.flush_hits()
         if self.remote is not None:
             self.remote.close()  # sends what is queued first (bounded wait)
@@ -169,6 +187,9 @@ class LiveStore:
         are never decompressed. A corrupt payload is skipped with a warning and quarantined.
         With a remote tier, the variants only the remote holds follow, fetched (one query)
         once the local ones are exhausted."""
+        writer = self.writer
+        if writer is not None and writer.has_pending((kind, key)):  # this process's own put
+            writer.wait_for((kind, key), self.timeout_s)
         served: set[str] = set()
         for variant, content in self._local_candidates(kind, key, served):
             served.add(variant)
@@ -306,6 +327,19 @@ class LiveStore:
         self.safely("hit count write", None, write)
 
     def guarded_put(self, kind: str, key: str, content: bytes) -> None:
+        """Store ``content`` (pickle bytes of an FX graph / AOTAutograd entry) as a variant of
+        ``key``: queued for the write-behind thread where there is one
+        (:mod:`cachedb.live._writer`), else written before returning. Never raises."""
+        writer = self.writer
+        if writer is not None and writer.submit(
+            (kind, key), len(content), lambda: self._write_guarded(kind, key, content)
+        ):
+            return
+        self._write_guarded(kind, key, content)
+
+    def _write_guarded(self, kind: str, key: str, content: bytes) -> None:
+        """:meth:`guarded_put`'s write: one transaction (on the kept connection once the
+        process's fingerprint is recorded), then the remote tier's copy is queued."""
         def write() -> None:
             db = self.db
             fp_id = self._known_fingerprint_id()
