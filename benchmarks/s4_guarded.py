@@ -17,6 +17,11 @@ cachedb (live): the same two ``FxGraphCache`` calls inside ``cachedb.installed(d
 blocks that alternate with the others' (each live block installs cachedb, opens its database
 and writes one small entry, untimed, before its calls: the seams replace the file methods, so
 the two cannot run in one block); their targets are issue 11's: put ≤ 2.0x, get ≤ 1.0x of the files.
+A live put queues the entry for the write-behind thread (cachedb/live/_writer.py) and returns:
+its row is what the compiling thread waits for. The "written" row beside it adds the drain of
+the queue after each block's last put (the writer thread's work: hash, guards read, frame,
+INSERT, COMMIT), per put, against the file puts' mean of the same block. Live gets run after
+the queue is written (a lookup of a queued key would wait for it).
 
 Payloads: :func:`benchmarks._payloads.fx_entry` (source text, metadata tuples, machine code;
 zstd-3 ratio printed in the notes); each put stores a new key with one variant. Units: ms.

@@ -145,6 +145,7 @@ def install(
     cannot be opened does not raise: it logs one warning and every lookup is a miss.
     """
     _disarm_watch()  # an explicit install replaces the environment's deferred activation
+    _flush_active()  # a store this replaces writes its queue first
     settings = _Settings.resolve(path, timeout_s, retune, remote, remote_timeout_s, write_behind)
     try:
         import torch  # noqa: F401
@@ -364,10 +365,19 @@ def _setup_trace_log() -> None:
     log.setLevel(logging.DEBUG)
 
 
+def _flush_active() -> None:
+    """Write the active store's queued puts, outside ``_lock``: the writer thread's first write
+    may import torch modules, and the seam watch takes ``_lock`` as they finish importing."""
+    active = _active
+    if active is not None:
+        active[0].flush()
+
+
 def uninstall() -> None:
     """Restore torch's own file caches and the environment ``install`` changed (a deferred
     activation from the environment is disarmed: it does not come back in this process)."""
     global _active, _deferred
+    _flush_active()
     with _lock:
         if _active is None:
             return
