@@ -36,7 +36,8 @@ Real entries (:func:`_real_case`): every FX graph and AOTAutograd variant that a
 ``FxGraphCache`` / ``AOTAutogradCache`` calls, files against live in alternating rounds (the
 live rounds inside ``cachedb.installed``). Their ``pickle.loads`` builds a real
 ``CompiledFxGraph`` / AOTAutograd entry, which the synthetic payloads (bytes and tuples) do
-not: this is the get torch really makes on a warm start.
+not. Those gets follow their puts in the same process; a last row times the first get of a
+real entry in a fresh process (:func:`_real_first_gets`), the get of a warm start.
 """
 
 from __future__ import annotations
@@ -152,13 +153,15 @@ def _real_variants(root: Path) -> list[tuple[str, str, bytes]]:
     return out
 
 
-def _alternating_rounds(ctx: Context, name: str, rounds: int, block: Callable[[str, int], None]) -> None:
+def _alternating_rounds(
+    ctx: Context, name: str, rounds: int, block: Callable[[str, int], None]
+) -> tuple[Path, Path]:
     """``block(mode, r)`` for ``mode`` "files" and "live" (inside ``cachedb.installed`` on a
     database of its own), round -1 (the warm-up) then ``rounds`` rounds, alternating which mode
-    goes first; on a fresh torch cache dir named ``name``."""
+    goes first; on a fresh torch cache dir named ``name``. Returns ``(cache dir, database)``."""
     import cachedb
 
-    with fresh_torch_cache(ctx, name):
+    with fresh_torch_cache(ctx, name) as cache_dir:
         db_path = ctx.tmpdir(f"{name}-db") / "live.db"
         for r in range(-1, rounds):
             for mode in (("files", "live") if r % 2 == 0 else ("live", "files")):
@@ -168,6 +171,41 @@ def _alternating_rounds(ctx: Context, name: str, rounds: int, block: Callable[[s
                 else:
                     with cachedb.installed(db_path):
                         block(mode, r)
+    return cache_dir, db_path
+
+
+def _real_first_gets(
+    ctx: Context, cache_dir: Path, db_path: Path, keyed: Callable[[str, int], list[tuple[type, str, bytes]]],
+    rounds: int, entries: list[tuple[str, str, bytes]],
+) -> dict[str, list[float]] | None:
+    """Seconds of the first get of a real entry in a fresh process, files and live, in
+    alternating pairs (:mod:`benchmarks._first_get_child` with the entry's kind): per kind,
+    its largest entry of the last round, after one other entry of the kind is read untimed.
+    ``None`` off Linux/macOS, or with fewer than two entries of every kind."""
+    try:
+        import resource  # noqa: F401 - the child needs it
+    except ImportError:
+        return None
+    path = [str(REPO_ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CACHEDB_")}
+    env["PYTHONPATH"] = os.pathsep.join(path)
+    picks: list[tuple[str, int, int]] = []  # (kind, timed index, warm-up index)
+    for kind in ("fxgraph", "aotautograd"):
+        idx = sorted((i for i, e in enumerate(entries) if e[0] == kind), key=lambda i: -len(entries[i][2]))
+        if len(idx) < 2:
+            return None
+        picks.append((kind, idx[0], idx[1]))
+    out: dict[str, list[float]] = {"files": [], "live": []}
+    for _ in range(1 if ctx.quick else FIRST_GET_PAIRS):
+        for kind, timed, warm in picks:
+            for mode in ("files", "live"):
+                batch = keyed(mode, rounds - 1)
+                cmd = [sys.executable, "-m", "benchmarks._first_get_child", mode, str(cache_dir),
+                       batch[timed][1], "-1", str(db_path), kind, batch[warm][1]]
+                done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO_ROOT, timeout=300,
+                                      check=True)
+                out[mode].append(json.loads(done.stdout.strip().splitlines()[-1])["s"])
+    return out
 
 
 def _real_case(ctx: Context, res: SectionResult) -> None:
@@ -223,7 +261,8 @@ def _real_case(ctx: Context, res: SectionResult) -> None:
             times[mode]["get"] += gets
             drains[mode].append(drain)
 
-    _alternating_rounds(ctx, "guardedreal", rounds, block)
+    cache_dir, db_path = _alternating_rounds(ctx, "guardedreal", rounds, block)
+    first = _real_first_gets(ctx, cache_dir, db_path, keyed, rounds, entries)
     # as the live put stores them (under 1 MiB: as they are, in a zstd frame)
     frames = [
         _payload.pack(content, level=_payload.guarded_level(len(content))).blob for _k, _key, content in entries
@@ -239,12 +278,27 @@ def _real_case(ctx: Context, res: SectionResult) -> None:
                   "FxGraphCache / AOTAutogradCache files", target=f"ratio ≤ {limit}")
         row.met = row.ratio is not None and row.ratio <= limit
         res.rows.append(row)
+    if first is not None:
+        row = Row(f"get {label}, first get of an entry in a fresh process (live)",
+                  seconds_to(ms, first["live"]), seconds_to(ms, first["files"]),
+                  "FxGraphCache / AOTAutogradCache files", target="ratio ≤ 1.0")
+        row.met = row.ratio is not None and row.ratio <= 1.0
+        res.rows.append(row)
+        res.notes.append(
+            f"{label}, first get in a fresh process: for each kind, its largest entry read by a "
+            f"process that has read one other entry of the kind (untimed: the first unpickle "
+            f"imports the modules its torch objects need), files and live in "
+            f"{1 if ctx.quick else FIRST_GET_PAIRS} alternating pairs, each call with Python's "
+            "collector off (`_first_get_child.py`): the get of a warm start, which reads what "
+            "another process wrote, where the row above reads each entry right after its put."
+        )
     n = len(entries)
     # per round, the live puts once written: (the round's put calls + the queue's drain after
     # its last put) / entries, against the file puts' mean in the same round
     written = [(sum(times["live"]["put"][k * n:(k + 1) * n]) + d) / n for k, d in enumerate(drains["live"])]
     files_means = [sum(times["files"]["put"][k * n:(k + 1) * n]) / n for k in range(len(drains["files"]))]
-    res.rows.insert(len(res.rows) - 1, Row(
+    put_at = next(i for i, r in enumerate(res.rows) if r.case == f"put {label} (live)")
+    res.rows.insert(put_at + 1, Row(
         f"put {label}, written (live: the calls plus the write-behind queue's drain, per entry)",
         seconds_to(ms, written), seconds_to(ms, files_means), "FxGraphCache / AOTAutogradCache files (round means)",
         note="the compiling thread waits only for the put row; this is the work the writer thread does for it",
