@@ -255,17 +255,25 @@ def create_cachedb_engine(
     return engine
 
 
-def _dispose_in_forked_children(engine: Engine) -> None:
-    """A forked child (a compile worker) must not reuse its parent's pooled connections."""
-    ref = weakref.ref(engine)
+def in_forked_children(obj: T, call: Callable[[T], object]) -> None:
+    """Run ``call(obj)`` in every child this process forks from now on, for as long as ``obj``
+    lives (held by a weak reference: the hook keeps nothing alive; ``call`` must not capture
+    ``obj``). A no-op where ``os.register_at_fork`` is missing (Windows)."""
+    if not hasattr(os, "register_at_fork"):
+        return
+    ref = weakref.ref(obj)
 
     def _after_fork() -> None:
-        child_engine = ref()
-        if child_engine is not None:
-            child_engine.dispose(close=False)
+        alive = ref()
+        if alive is not None:
+            call(alive)
 
-    if hasattr(os, "register_at_fork"):
-        os.register_at_fork(after_in_child=_after_fork)
+    os.register_at_fork(after_in_child=_after_fork)
+
+
+def _dispose_in_forked_children(engine: Engine) -> None:
+    """A forked child (a compile worker) must not reuse its parent's pooled connections."""
+    in_forked_children(engine, lambda child_engine: child_engine.dispose(close=False))
 
 
 def holds_write_lock(bind: Any) -> bool:
@@ -456,15 +464,7 @@ class KeptConnection:
         self.checkpointer = BackgroundCheckpointer(path, busy_timeout_s) if path is not None else None
         self._autocheckpoint: int | None = None  # the pages the connection had, restored on close
         self.closed = False
-        if hasattr(os, "register_at_fork"):
-            ref = weakref.ref(self)
-
-            def _after_fork() -> None:
-                kept = ref()
-                if kept is not None:
-                    kept._forget_inherited()
-
-            os.register_at_fork(after_in_child=_after_fork)
+        in_forked_children(self, KeptConnection._forget_inherited)
 
     def _forget_inherited(self) -> None:
         """In a forked child: drop (without closing) the parent's connection and lock."""

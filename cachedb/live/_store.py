@@ -329,9 +329,12 @@ class LiveStore:
     def guarded_put(self, kind: str, key: str, content: bytes) -> None:
         """Store ``content`` (pickle bytes of an FX graph / AOTAutograd entry) as a variant of
         ``key``: queued for the write-behind thread where there is one
-        (:mod:`cachedb.live._writer`), else written before returning. Never raises."""
+        (:mod:`cachedb.live._writer`), else written before returning. The process's first put
+        is written before returning too: it records the process's fingerprint, whose
+        computation imports torch modules, and an import running on the writer thread when the
+        process forks would leave the child that module's import lock held. Never raises."""
         writer = self.writer
-        if writer is not None and writer.submit(
+        if writer is not None and self._known_fingerprint_id() is not None and writer.submit(
             (kind, key), len(content), lambda: self._write_guarded(kind, key, content)
         ):
             return

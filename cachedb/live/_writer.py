@@ -19,9 +19,13 @@ What it keeps:
 - **Exit**: :meth:`WriteBehind.flush` runs before the live store closes (``cachedb``'s
   ``atexit`` hook, ``uninstall``, ``LiveStore.close``), so a process that exits normally loses
   nothing.
+- **The first put of a process** is written before it returns (``LiveStore.guarded_put``):
+  it records the process's fingerprint, which imports torch modules; the thread's jobs after
+  it import nothing.
 - **Processes**: in a :mod:`multiprocessing` child (a compile worker, terminated by its pool
-  without exit handlers) and after ``fork`` until the child's first put, nothing is queued from
-  the parent: a child writes its own puts, synchronously in a multiprocessing child.
+  without exit handlers) puts are written before they return; a ``fork`` waits for the write
+  the thread is running (its locks would be copied held into the child), and the child starts
+  with an empty queue (the parent writes its own).
 
 Other processes see an entry once the writer has committed it (milliseconds after the put
 returned, a compile later at most); a process that must see it at once calls
@@ -50,6 +54,8 @@ DEFAULT_MAX_PENDING_BYTES = 64 << 20
 #: Seconds the writer thread waits for work before it ends (the next put starts another), so
 #: an idle process (one that forks DataLoader workers, say) holds no extra thread.
 IDLE_EXIT_S = 2.0
+#: Seconds a fork waits for the write the thread is running to end (see ``__init__``).
+FORK_WAIT_S = 10.0
 #: Seconds the exit flush waits for the queue before it gives up on the rest (warned about).
 DEFAULT_FLUSH_TIMEOUT_S = 60.0
 
@@ -96,18 +102,35 @@ class WriteBehind:
 
         atexit.register(_at_exit)
         if hasattr(os, "register_at_fork"):
+            # A fork in the middle of a job would copy the locks the writer thread holds (a
+            # module's import lock while its first write imports SQLAlchemy's dialect, SQLite's
+            # mutexes) into a child where no thread will release them: a fork waits for the
+            # running job to end (at most FORK_WAIT_S), and the child starts with a new queue.
+            def _before_fork() -> None:
+                writer = ref()
+                if writer is not None:
+                    writer._held_for_fork = writer._job_lock.acquire(timeout=FORK_WAIT_S)
 
-            def _after_fork() -> None:
+            def _after_fork_in_parent() -> None:
+                writer = ref()
+                if writer is not None and writer._held_for_fork:
+                    writer._held_for_fork = False
+                    writer._job_lock.release()
+
+            def _after_fork_in_child() -> None:
                 writer = ref()
                 if writer is not None:
                     writer._reset()
 
-            os.register_at_fork(after_in_child=_after_fork)
+            os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
+                                after_in_child=_after_fork_in_child)
 
     def _reset(self) -> None:
         """A fresh queue, lock and no thread (at start, and in a forked child: the parent's
         queued jobs are the parent's to write; its lock may have been held at the fork)."""
         self._cond = threading.Condition(threading.Lock())
+        self._job_lock = threading.Lock()  # held while a job runs (a fork waits for it)
+        self._held_for_fork = False
         self._jobs: collections.deque[tuple[Hashable, int, Callable[[], object]]] = collections.deque()
         #: queued or running jobs per key (read without the lock by :meth:`has_pending`)
         self._pending: dict[Hashable, int] = {}
@@ -202,11 +225,6 @@ class WriteBehind:
                         self.flush_timeout_s if timeout_s is None else timeout_s)
         return done
 
-    def reopen(self) -> None:
-        """Take jobs again after :meth:`close` (a store that is used after closing)."""
-        with self._cond:
-            self.closed = False
-
     # -- the writer thread --------------------------------------------------------------------
 
     def _alive(self) -> bool:
@@ -226,7 +244,8 @@ class WriteBehind:
                 key, nbytes, job = self._jobs.popleft()
                 self._running, self._current = True, key
             try:
-                job()
+                with self._job_lock:
+                    job()
             except BaseException as exc:  # jobs catch their own failures: this is a bug
                 log.warning("cachedb: a queued write failed: %s: %s", type(exc).__name__, exc)
             finally:
