@@ -27,6 +27,8 @@ import sqlite3
 import threading
 from pathlib import Path
 
+from ._fork import fork_waits_for
+
 log = logging.getLogger("cachedb")
 
 #: Bytes written since the last checkpoint from which a write wakes the checkpointer: SQLite's
@@ -45,9 +47,11 @@ WRITE_OVERHEAD_BYTES = WRITE_OVERHEAD_PAGES * 4096
 class BackgroundCheckpointer:
     """Checkpoints the WAL of the SQLite database at ``path`` on a daemon thread.
 
-    ``busy_timeout_s``: the thread's connection's busy timeout (seconds). Fork-safe: a child
-    process starts a thread of its own on its first :meth:`after_write` and never uses the
-    parent's connection. ``checkpoints`` counts the checkpoints this process's thread ran.
+    ``busy_timeout_s``: the thread's connection's busy timeout (seconds). Fork-safe: a fork
+    waits (at most :data:`cachedb._fork.FORK_WAIT_S`) for a checkpoint under way, so the child
+    does not inherit SQLite's mutexes held by this thread; the child starts a thread of its own
+    on its first :meth:`after_write` and never uses the parent's connection. ``checkpoints``
+    counts the checkpoints this process's thread ran.
     """
 
     def __init__(self, path: Path, busy_timeout_s: float, *, wal_bytes: int = CHECKPOINT_WAL_BYTES) -> None:
@@ -62,6 +66,15 @@ class BackgroundCheckpointer:
         self._pid = os.getpid()
         self.checkpoints = 0
         self.closed = False
+        #: held while a checkpoint (its connection's open and close included) runs
+        self._busy = threading.Lock()
+        fork_waits_for(self, lambda checkpointer: checkpointer._busy, BackgroundCheckpointer._forked)
+
+    def _forked(self) -> None:
+        """In a forked child: a lock of its own (the copy was held for the fork); the parent's
+        thread and its connection are not here (:meth:`_running` starts another)."""
+        self._busy = threading.Lock()
+        self._lock = threading.Lock()
 
     def set_page_size(self, page_size: int) -> None:
         """Count a write's overhead as :data:`WRITE_OVERHEAD_PAGES` pages of ``page_size``
@@ -110,11 +123,12 @@ class BackgroundCheckpointer:
         return sqlite3.connect(self.path, timeout=self._busy_timeout_s, isolation_level=None, check_same_thread=False)
 
     def _checkpoint_once(self) -> None:
-        conn = self._connect()
-        try:
-            conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
-        finally:
-            conn.close()
+        with self._busy:
+            conn = self._connect()
+            try:
+                conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+            finally:
+                conn.close()
 
     def _run(self) -> None:
         conn: sqlite3.Connection | None = None
@@ -124,18 +138,20 @@ class BackgroundCheckpointer:
             wake.clear()
             if self.closed:
                 break
-            try:
-                if conn is None:
-                    conn = self._connect()
-                conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
-                self.checkpoints += 1
-            except sqlite3.Error as exc:  # the next write wakes it again; nothing depends on it
-                log.debug("cachedb: WAL checkpoint of %s failed: %s", self.path, exc)
-                if conn is not None:
-                    conn.close()
-                conn = None
+            with self._busy:
+                try:
+                    if conn is None:
+                        conn = self._connect()
+                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                    self.checkpoints += 1
+                except sqlite3.Error as exc:  # the next write wakes it again; nothing depends on it
+                    log.debug("cachedb: WAL checkpoint of %s failed: %s", self.path, exc)
+                    if conn is not None:
+                        conn.close()
+                    conn = None
         if conn is not None:
-            conn.close()
+            with self._busy:
+                conn.close()
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Stop this process's thread (a checkpoint under way finishes first, up to

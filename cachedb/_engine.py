@@ -16,7 +16,6 @@ import sqlite3
 import sys
 import threading
 import time
-import weakref
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ from sqlalchemy.sql import ClauseElement
 from . import _wal_index
 from ._checkpoint import BackgroundCheckpointer
 from ._errors import CacheDBError, DatabaseOpenError, NotADatabaseError
+from ._fork import in_forked_children
 
 #: SQLite's file header: the first 16 bytes of every database file.
 SQLITE_HEADER = b"SQLite format 3\x00"
@@ -253,22 +253,6 @@ def create_cachedb_engine(
         _setup_sqlite(engine, busy_timeout_s)
     _dispose_in_forked_children(engine)
     return engine
-
-
-def in_forked_children(obj: T, call: Callable[[T], object]) -> None:
-    """Run ``call(obj)`` in every child this process forks from now on, for as long as ``obj``
-    lives (held by a weak reference: the hook keeps nothing alive; ``call`` must not capture
-    ``obj``). A no-op where ``os.register_at_fork`` is missing (Windows)."""
-    if not hasattr(os, "register_at_fork"):
-        return
-    ref = weakref.ref(obj)
-
-    def _after_fork() -> None:
-        alive = ref()
-        if alive is not None:
-            call(alive)
-
-    os.register_at_fork(after_in_child=_after_fork)
 
 
 def _dispose_in_forked_children(engine: Engine) -> None:

@@ -523,6 +523,53 @@ def test_a_forked_child_checkpoints_on_its_own_thread(tmp_path: Path) -> None:
     _PARENT_STORE = None
 
 
+def _wal_frames(db_path: str) -> tuple[int, int]:
+    """``(mxFrame, nBackfill)`` of the database's wal-index, read from the ``-shm`` file's bytes
+    (no SQLite call): the WAL's last valid frame and how many frames a checkpoint has copied
+    into the ``.db`` file (sqlite/src/wal.c: ``WalIndexHdr.mxFrame`` at byte 16,
+    ``WalCkptInfo.nBackfill`` at byte 96, native byte order)."""
+    with open(db_path + "-shm", "rb") as f:
+        head = f.read(100)
+    return int.from_bytes(head[16:20], sys.byteorder), int.from_bytes(head[96:100], sys.byteorder)
+
+
+def _child_forked_during_a_checkpoint(db_path: str, queue: Any) -> None:
+    try:
+        frames = _wal_frames(db_path)  # as the fork left it, before this process touches SQLite
+        conn = sqlite3.connect(db_path, timeout=10, isolation_level=None)
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("UPDATE guarded_entries SET hit_count = hit_count + 1")
+        conn.execute("COMMIT")
+        conn.close()
+        queue.put(frames)
+    except BaseException as exc:  # the parent sees it in the queue
+        queue.put(repr(exc))
+
+
+def test_a_fork_waits_for_the_checkpoint_under_way(tmp_path: Path) -> None:
+    """A fork while the checkpointer's thread copies the WAL waits for the copy to end (the
+    child would otherwise inherit SQLite's mutexes held by that thread): the child finds every
+    WAL frame checkpointed, and writes to the database itself."""
+    db_path = tmp_path / "forkckpt.db"
+    store = LiveStore(str(db_path), trust=True, write_behind=False)
+    checkpointer = store.db.kept.checkpointer
+    assert checkpointer is not None
+    checkpointer._wal_bytes = 1 << 40  # no checkpoint until this test wakes the thread
+    for i in range(6):  # ~18 MB in the WAL
+        store.guarded_put("fxgraph", f"fbig{i}", _big_entry(i))
+    mx_frame, backfilled = _wal_frames(str(db_path))
+    assert mx_frame > 1000 and backfilled == 0
+    assert checkpointer._running()
+    checkpointer._wake.set()
+    deadline = time.monotonic() + 10
+    while not checkpointer._busy.locked():  # the checkpoint is under way
+        assert time.monotonic() < deadline
+    frames = _in_forked_child(_child_forked_during_a_checkpoint, str(db_path))
+    assert frames == (mx_frame, mx_frame)
+    assert checkpointer.checkpoints == 1
+    store.close()
+
+
 _SQLITE_DATETIME = DateTime().dialect_impl(sqlite_dialect()).bind_processor(sqlite_dialect())
 
 

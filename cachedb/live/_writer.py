@@ -45,6 +45,8 @@ import time
 import weakref
 from collections.abc import Callable, Hashable
 
+from .._fork import FORK_WAIT_S, fork_waits_for
+
 log = logging.getLogger("cachedb.live")
 
 #: ``0`` turns write-behind off: every FX graph / AOTAutograd put is written before it returns.
@@ -54,8 +56,6 @@ DEFAULT_MAX_PENDING_BYTES = 64 << 20
 #: Seconds the writer thread waits for work before it ends (the next put starts another), so
 #: an idle process (one that forks DataLoader workers, say) holds no extra thread.
 IDLE_EXIT_S = 2.0
-#: Seconds a fork waits for the write the thread is running to end (see ``__init__``).
-FORK_WAIT_S = 10.0
 #: Seconds the exit flush waits for the queue before it gives up on the rest (warned about).
 DEFAULT_FLUSH_TIMEOUT_S = 60.0
 
@@ -101,36 +101,17 @@ class WriteBehind:
                 writer.close()
 
         atexit.register(_at_exit)
-        if hasattr(os, "register_at_fork"):
-            # A fork in the middle of a job would copy the locks the writer thread holds (a
-            # module's import lock while its first write imports SQLAlchemy's dialect, SQLite's
-            # mutexes) into a child where no thread will release them: a fork waits for the
-            # running job to end (at most FORK_WAIT_S), and the child starts with a new queue.
-            def _before_fork() -> None:
-                writer = ref()
-                if writer is not None:
-                    writer._held_for_fork = writer._job_lock.acquire(timeout=FORK_WAIT_S)
-
-            def _after_fork_in_parent() -> None:
-                writer = ref()
-                if writer is not None and writer._held_for_fork:
-                    writer._held_for_fork = False
-                    writer._job_lock.release()
-
-            def _after_fork_in_child() -> None:
-                writer = ref()
-                if writer is not None:
-                    writer._reset()
-
-            os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
-                                after_in_child=_after_fork_in_child)
+        # A fork in the middle of a job would copy the locks the writer thread holds (a module's
+        # import lock while its first write imports SQLAlchemy's dialect, SQLite's mutexes) into
+        # a child where no thread will release them: a fork waits for the running job to end (at
+        # most FORK_WAIT_S), and the child starts with a new queue.
+        fork_waits_for(self, lambda writer: writer._job_lock, WriteBehind._reset, timeout_s=FORK_WAIT_S)
 
     def _reset(self) -> None:
         """A fresh queue, lock and no thread (at start, and in a forked child: the parent's
         queued jobs are the parent's to write; its lock may have been held at the fork)."""
         self._cond = threading.Condition(threading.Lock())
         self._job_lock = threading.Lock()  # held while a job runs (a fork waits for it)
-        self._held_for_fork = False
         self._jobs: collections.deque[tuple[Hashable, int, Callable[[], object]]] = collections.deque()
         #: queued or running jobs per key (read without the lock by :meth:`has_pending`)
         self._pending: dict[Hashable, int] = {}
