@@ -400,6 +400,14 @@ _INHERITED: list[Any] = []
 _CONNECTION_NUMBERS = itertools.count(1)
 
 
+#: The prebuilt Core statements compiled so far in this process, per dialect (its class,
+#: parameter style and server version), for every kept connection: SQLAlchemy's compile of a
+#: hot-path statement takes 1-2 ms (the FX graph lookup's, ``FIRST_VARIANT``: 1.3-2.0 ms on
+#: the AMD VM), which each new :class:`KeptConnection` (each ``cachedb.installed``, each
+#: database a process opens) paid again on its first lookup before.
+_COMPILED: dict[tuple[Any, ...], tuple[ClauseElement, _Compiled]] = {}
+
+
 class KeptConnection:
     """One database connection kept open for the life of a process, for the hot paths.
 
@@ -436,7 +444,6 @@ class KeptConnection:
         self._dbapi: Any = None  # the driver connection of _conn
         self._number = 0  # of _conn, from _CONNECTION_NUMBERS
         self._pid = os.getpid()
-        self._compiled: dict[int, tuple[ClauseElement, _Compiled]] = {}
         self._sqlite = engine.dialect.name == "sqlite"
         path = sqlite_path(engine.url)
         #: ``(descriptor of SQLite's -shm file, wal-index header, token)``: :meth:`version`'s
@@ -461,10 +468,11 @@ class KeptConnection:
         self._pid = os.getpid()
 
     def _compile(self, stmt: ClauseElement) -> _Compiled:
-        found = self._compiled.get(id(stmt))
+        dialect = self._engine.dialect
+        cache_key = (id(stmt), type(dialect), dialect.paramstyle, dialect.server_version_info)
+        found = _COMPILED.get(cache_key)
         if found is not None and found[0] is stmt:
             return found[1]
-        dialect = self._engine.dialect
         compiled = stmt.compile(dialect=dialect)
         positions = getattr(compiled, "positiontup", None)
         defaults = {k: v for k, v in compiled.params.items() if v is not None}
@@ -477,7 +485,7 @@ class KeptConnection:
                 processors[name] = process
         names = tuple(positions) if dialect.positional else None
         entry = _Compiled(compiled.string, names, defaults, processors, _picker(names, defaults, processors))
-        self._compiled[id(stmt)] = (stmt, entry)  # keeps stmt alive: its id stays unique
+        _COMPILED[cache_key] = (stmt, entry)  # keeps stmt alive: its id stays unique
         return entry
 
     def _connection(self) -> Connection:

@@ -523,6 +523,36 @@ def test_a_forked_child_checkpoints_on_its_own_thread(tmp_path: Path) -> None:
     _PARENT_STORE = None
 
 
+def test_a_statement_is_compiled_once_per_process_and_dialect(tmp_path: Path, pg_url: str) -> None:
+    """Every kept connection of a process reuses a hot-path statement's compiled form for its
+    dialect (SQLAlchemy's compile of the FX graph lookup takes 1-2 ms): a second SQLite
+    database's first lookup compiles nothing, and reads its own rows; PostgreSQL gets a
+    compiled form of its own (its parameter style) and reads its rows too."""
+    from cachedb import _engine
+    from cachedb.repositories import guarded as guarded_repo
+
+    stores = [LiveStore(str(tmp_path / f"c{i}.db"), trust=True, write_behind=False) for i in range(2)]
+    stores.append(LiveStore(pg_url, trust=True, write_behind=False))
+    import pickle
+
+    entries = [pickle.dumps({"guards_expr": None, "n": i}) for i in range(len(stores))]
+    for store, entry in zip(stores, entries):
+        store.guarded_put("fxgraph", "fcompiled", entry)
+    sqlite_a, sqlite_b, pg = (store.db.kept for store in stores)
+    first = sqlite_a._compile(guarded_repo.FIRST_VARIANT)
+    sqlite_variants = sqlite_a._compile(guarded_repo.VARIANTS)
+    before = dict(_engine._COMPILED)
+    assert sqlite_b._compile(guarded_repo.FIRST_VARIANT) is first
+    for store, entry in zip(stores, entries):
+        assert [c for _, c in store.guarded_candidates("fxgraph", "fcompiled")] == [entry]
+    pg_compiled = pg._compile(guarded_repo.VARIANTS)
+    assert "%(kind)s" in pg_compiled.sql and "?" in sqlite_variants.sql
+    added = set(_engine._COMPILED) - set(before)
+    assert all(key[1] is type(pg._engine.dialect) for key in added)  # SQLite compiled nothing new
+    for store in stores:
+        store.close()
+
+
 def _wal_frames(db_path: str) -> tuple[int, int]:
     """``(mxFrame, nBackfill)`` of the database's wal-index, read from the ``-shm`` file's bytes
     (no SQLite call): the WAL's last valid frame and how many frames a checkpoint has copied
