@@ -415,9 +415,10 @@ class KeptConnection:
     call (~200 µs) around a ~20 µs SELECT; this connection is opened once and reused:
 
     - :meth:`fetch` runs a prebuilt Core ``SELECT`` (compiled once per statement and dialect
-      in a process: :data:`_COMPILED`) on the driver connection in autocommit mode: on SQLite each statement is its own read
-      transaction, so it sees every write other processes committed before it, and no
-      snapshot stays open between calls (PostgreSQL: rolled back after).
+      in a process: :data:`_COMPILED`) on the driver connection in autocommit mode: on
+      SQLite each statement is its own read transaction, so it sees every write other
+      processes committed before it, and no snapshot stays open between calls (PostgreSQL:
+      rolled back after).
     - :meth:`write` runs one prebuilt Core statement (an upsert) in its own write transaction:
       on SQLite ``BEGIN IMMEDIATE`` (queued with short sleeps, :func:`begin_immediate`), the
       statement, ``COMMIT``: the write lock is held for that one statement only.
