@@ -386,6 +386,40 @@ def test_environment_variable_activates_child_processes(tmp_path: Path) -> None:
     assert with_remote["CACHEDB_REMOTE_URL"] == "postgresql+psycopg://h/db"
 
 
+def test_activation_runs_no_garbage_collection_and_restores_the_setting(tmp_path: Path) -> None:
+    """The activation (importing cachedb and SQLAlchemy, opening the database, patching) runs
+    with Python's automatic garbage collection off: in a process holding torch, a collection it
+    started would walk torch's objects too. Afterwards the setting is the program's again: on
+    where it was on, off where the program had turned it off."""
+    code = """
+        import gc, sys, torch
+        %s
+        watch = next(f for f in sys.meta_path if getattr(f, "cachedb_seam_watch", False))
+        loaded, during, activations = watch._loaded, [], []
+        def timed(name):
+            activations.append(name)
+            during.append(0)
+            try:
+                loaded(name)
+            finally:
+                during.append(1)
+        watch._loaded = timed
+        collections = []
+        gc.callbacks.append(lambda phase, info: phase == "start" and collections.append(len(during)))
+        allocated = [[i] for i in range(100_000)]  # collections do run outside the activation
+        import torch._dynamo
+        import cachedb
+        print(cachedb.is_installed(), activations, gc.isenabled())
+        print(sum(1 for n in collections if n %% 2 == 1), sum(1 for n in collections if n %% 2 == 0) > 0)
+    """
+    out = _env_child(tmp_path, code % "")
+    installed, collected = out.stdout.splitlines()
+    assert installed == "True ['torch._inductor.cpp_builder'] True", out.stdout + out.stderr
+    assert collected == "0 True", "collections during the activation (odd marks) / outside it"
+    out = _env_child(tmp_path, code % "gc.disable()")
+    assert out.stdout.splitlines() == ["True ['torch._inductor.cpp_builder'] False", "0 False"], out.stdout + out.stderr
+
+
 def test_bootstrap_imports_nothing_start_up_has_not(tmp_path: Path) -> None:
     """Every Python process started under cachedb runs the bootstrap, Inductor's ISA probes
     (one interpreter per ISA on every compiling process) included: it adds no module to what

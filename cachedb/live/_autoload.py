@@ -57,15 +57,41 @@ SEAM_MODULES = (
 )
 
 
-def _install_from_environment() -> None:
-    # absolute: the bootstrap loads this file by path (as ``_cachedb_autoload``), so that
-    # ``cachedb`` itself is imported only here
-    from cachedb.live import install
+class _AutomaticGCOff:
+    """Python's automatic garbage collection off for the block (restored after; left alone if
+    the program had turned it off), around an activation.
 
-    try:
-        install()  # location from CACHEDB_URL / CACHEDB_PATH
-    except Exception as exc:  # a wrong torch must not break the program
-        _warn("cachedb: not activated in process %d (%s): %s", os.getpid(), " ".join(sys.argv)[:200], exc)
+    Importing cachedb, SQLAlchemy and the ORM models allocates ~38,000 objects, enough to
+    start one more full collection in a process that holds torch, and a full collection walks
+    all of torch's ~300,000 objects: in a process importing ``torch._dynamo`` under cachedb
+    (2 cores, AMD EPYC VM), 6 full collections in 0.48 s against 5 in 0.31-0.34 s without
+    cachedb, 5 in 0.35-0.37 s with this. The objects stay tracked: later collections see them
+    as they would have. ``gc`` is imported here: start-up does not import it."""
+
+    def __enter__(self) -> None:
+        import gc
+
+        self.collecting = gc.isenabled()
+        if self.collecting:
+            gc.disable()
+
+    def __exit__(self, *exc: object) -> None:
+        if self.collecting:
+            import gc
+
+            gc.enable()
+
+
+def _install_from_environment() -> None:
+    with _AutomaticGCOff():
+        # absolute: the bootstrap loads this file by path (as ``_cachedb_autoload``), so that
+        # ``cachedb`` itself is imported only here
+        from cachedb.live import install
+
+        try:
+            install()  # location from CACHEDB_URL / CACHEDB_PATH
+        except Exception as exc:  # a wrong torch must not break the program
+            _warn("cachedb: not activated in process %d (%s): %s", os.getpid(), " ".join(sys.argv)[:200], exc)
 
 
 class SeamWatch:
@@ -124,9 +150,10 @@ class SeamWatch:
         if self.disarmed:
             return
         try:
-            from cachedb.live import _on_seam_module
+            with _AutomaticGCOff():
+                from cachedb.live import _on_seam_module
 
-            _on_seam_module(name, self)
+                _on_seam_module(name, self)
         except Exception as exc:  # never break the user's import
             if not self._warned:
                 self._warned = True
