@@ -176,7 +176,17 @@ class CacheDB:
 
     @contextmanager
     def read(self) -> Iterator[Repos]:
-        """A read-only transaction: one consistent snapshot; always rolled back."""
+        """A read-only transaction: one consistent snapshot; always rolled back.
+
+        On the connection kept for this process when it is free (no pool checkout, as
+        :meth:`lookup`), else (another thread's, a nested block's) on a pooled one."""
+        with self.kept.acquire() as kept:
+            if kept is not None:
+                with Session(bind=kept) as session:
+                    with kept.begin() as txn:
+                        yield Repos(session, self.signer)
+                        txn.rollback()
+                return
         with self.engine.connect() as conn:
             with Session(bind=conn) as session:
                 with conn.begin() as txn:

@@ -72,6 +72,19 @@ def test_hot_read_sees_another_process_write(tmp_path: Path) -> None:
         "s.close()\n",
     )
     assert store.best_config_get("ab/k.best_config") == b'{"num_warps": 8}'
+    # CacheDB.read() (an ORM session on the same kept connection): no snapshot kept either
+    with store.db.read() as repos:
+        assert repos.session.connection() is store.db.kept._conn
+        assert repos.best_configs.get("ab/k.best_config") == '{"num_warps": 8}'
+    _write_in_other_process(
+        db_path,
+        "from cachedb.live._store import LiveStore\n"
+        f"s = LiveStore({str(db_path)!r})\n"
+        "s.best_config_put('ab/k.best_config', b'{\"num_warps\": 2}')\n"
+        "s.close()\n",
+    )
+    with store.db.read() as repos:
+        assert repos.best_configs.get("ab/k.best_config") == '{"num_warps": 2}'
     store.close()
 
 
@@ -89,6 +102,8 @@ def test_kept_connection_is_kept_and_threads_fall_back(tmp_path: Path) -> None:
                 db.kept.fetch(stmt, {"key": "x"})
                 with db.lookup() as repos:
                     repos.best_configs.get("x")
+                with db.read() as repos:
+                    repos.best_configs.get("x")
         except BaseException as exc:  # pragma: no cover - reported below
             errors.append(exc)
 
@@ -101,7 +116,13 @@ def test_kept_connection_is_kept_and_threads_fall_back(tmp_path: Path) -> None:
     with db.lookup() as outer:  # nested: the inner block gets a pooled connection
         with db.lookup() as inner:
             assert inner.session is not outer.session
+        with db.read() as inner:  # so does a read() inside it
+            assert inner.session.connection() is not outer.session
         assert db.kept.fetch(stmt, {"key": "x"}) == []
+    with db.read() as outer:  # read() takes the kept connection when it is free
+        assert outer.session.connection() is first
+        with db.lookup() as inner:
+            assert inner.session is not first
     db.close()
 
 

@@ -94,6 +94,29 @@ def test_timings_keep_history_and_lookups_see_the_latest(db: CacheDB) -> None:
     assert history == 3
 
 
+def test_timings_lookup_over_every_fingerprint_of_a_system_hash(db: CacheDB) -> None:
+    """Two fingerprints under one system hash (two hosts of a fleet): a lookup over both ids
+    sees the latest timing of each choice on either, one over a single id only its own."""
+    with db.transaction() as repos:
+        a = repos.fingerprints.ensure(Fingerprint(system=CPU_SYSTEM, torch_version="2.13.0+cpu", cpu_model="A"))
+        b = repos.fingerprints.ensure(Fingerprint(system=CPU_SYSTEM, torch_version="2.13.0+cpu", cpu_model="B"))
+        repos.timings.record(a, "addmm", INPUTS, "highest", {"aten": 0.5, "cpp": 0.25})
+        repos.timings.record(a, "addmm", INPUTS, "highest", {"aten": 7.0}, hint_override=32)
+    with db.transaction() as repos:
+        repos.timings.record(b, "addmm", INPUTS, "highest", {"aten": 0.125, "triton": 0.375})
+        repos.timings.record(b, "addmm", INPUTS, "highest", {"aten": 9.0}, hint_override=32)
+    with db.read() as repos:
+        ids = repos.fingerprints.ids_for_system_hash(CPU_SYSTEM["hash"])
+        assert ids == [a, b]
+        assert repos.timings.lookup(ids, "addmm", INPUTS, "highest") == {"aten": 0.125, "cpp": 0.25, "triton": 0.375}
+        assert repos.timings.lookup(ids, "addmm", INPUTS, "highest", hint_override=32) == {"aten": 9.0}
+        assert repos.timings.lookup([a], "addmm", INPUTS, "highest") == {"aten": 0.5, "cpp": 0.25}
+        assert repos.timings.lookup([a], "addmm", INPUTS, "highest", hint_override=32) == {"aten": 7.0}
+        assert repos.timings.lookup(iter([b]), "addmm", INPUTS, "highest") == {"aten": 0.125, "triton": 0.375}
+        assert repos.timings.lookup([], "addmm", INPUTS, "highest") == {}
+        assert repos.fingerprints.ids_for_system_hash("0" * 64) == []
+
+
 def test_local_cache_values(db: CacheDB) -> None:
     from cachedb._local_cache_doc import ValueLeaf
 

@@ -48,16 +48,21 @@ _INSERT_TIMINGS = insert(_RT)
 # oldest first so that the last row of each choice is its current value.
 _FOR_INPUTS = (
     select(_T.c.choice_hash, _T.c.timing_ms)
-    .where(
-        _T.c.fingerprint_id.in_(bindparam("fingerprint_ids", expanding=True)),
-        _T.c.op == bindparam("op"),
-        _T.c.inputs == bindparam("inputs"),
-        _T.c.precision == bindparam("precision"),
-    )
+    .where(_T.c.op == bindparam("op"), _T.c.inputs == bindparam("inputs"), _T.c.precision == bindparam("precision"))
     .order_by(_T.c.recorded_at, _T.c.id)
 )
-_FOR_INPUTS_NO_HINT = _FOR_INPUTS.where(_T.c.hint_override.is_(None))
-_FOR_INPUTS_HINT = _FOR_INPUTS.where(_T.c.hint_override == bindparam("hint_override"))
+# By (one fingerprint?, hint_override given?): a system hash has one fingerprint on most
+# machines, and ``fingerprint_id = ?`` runs without the expanding IN's per-call rendering.
+_ANY_OF = _T.c.fingerprint_id.in_(bindparam("fingerprint_ids", expanding=True))
+_ONE = _T.c.fingerprint_id == bindparam("fingerprint_id")
+_NO_HINT = _T.c.hint_override.is_(None)
+_HINT = _T.c.hint_override == bindparam("hint_override")
+_FOR_INPUTS_BY_SHAPE = {
+    (True, False): _FOR_INPUTS.where(_ONE, _NO_HINT),
+    (True, True): _FOR_INPUTS.where(_ONE, _HINT),
+    (False, False): _FOR_INPUTS.where(_ANY_OF, _NO_HINT),
+    (False, True): _FOR_INPUTS.where(_ANY_OF, _HINT),
+}
 
 
 # One statement for a record: the ids of the key (every copy, should two writers have added
@@ -185,9 +190,13 @@ class AutotuneTimingRepository:
         hint_override: int | None = None,
     ) -> dict[str, float]:
         """``{choice_hash: current timing in ms}`` for one (op, inputs, precision)."""
-        stmt = _FOR_INPUTS_NO_HINT if hint_override is None else _FOR_INPUTS_HINT
+        ids = list(fingerprint_ids)
+        if not ids:
+            return {}
+        stmt = _FOR_INPUTS_BY_SHAPE[len(ids) == 1, hint_override is not None]
         params = {
-            "fingerprint_ids": list(fingerprint_ids),
+            "fingerprint_ids": ids,
+            "fingerprint_id": ids[0],
             "op": op,
             "inputs": inputs,
             "precision": precision,
