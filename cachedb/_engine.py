@@ -411,8 +411,9 @@ _COMPILED: dict[tuple[Any, ...], tuple[ClauseElement, _Compiled]] = {}
 class KeptConnection:
     """One database connection kept open for the life of a process, for the hot paths.
 
-    A ``CacheDB`` call costs a pool checkout, ``BEGIN``, an ORM session and a rollback per
-    call (~200 µs) around a ~20 µs SELECT; this connection is opened once and reused:
+    A pooled ``CacheDB`` call costs a pool checkout, ``BEGIN``, an ORM session and a rollback
+    around a ~20 µs SELECT; this connection is opened once and reused (``CacheDB.read()`` and
+    ``CacheDB.lookup()`` take it when it is free):
 
     - :meth:`fetch` runs a prebuilt Core ``SELECT`` (compiled once per statement and dialect
       in a process: :data:`_COMPILED`) on the driver connection in autocommit mode: on

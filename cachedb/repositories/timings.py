@@ -189,7 +189,10 @@ class AutotuneTimingRepository:
         *,
         hint_override: int | None = None,
     ) -> dict[str, float]:
-        """``{choice_hash: current timing in ms}`` for one (op, inputs, precision)."""
+        """``{choice_hash: current timing in ms}`` for one (op, inputs, precision) on the
+        fingerprints ``fingerprint_ids`` (``{}`` when there are none). Mirrors what
+        ``PersistentCache.lookup`` (torch/_inductor/codecache.py) reads under
+        ``cache[op][inputs][precision]``."""
         ids = list(fingerprint_ids)
         if not ids:
             return {}
