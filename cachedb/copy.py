@@ -115,7 +115,7 @@ from ._errors import CacheDBError, CopyError, CorruptPayloadError, DatabaseOpenE
 from ._payload import repacked_guarded
 from ._signing import Signer
 from .db import CacheDB
-from .models import AUTOTUNE_TIMINGS, NATURAL_KEY_COLUMNS, NEWEST_WINS_COMPARED, Base
+from .tables import AUTOTUNE_TIMINGS, NATURAL_KEY_COLUMNS, NEWEST_WINS_COMPARED, metadata
 from .repositories import timings as timings_repo
 
 log = logging.getLogger("cachedb")
@@ -148,7 +148,7 @@ DEFAULT_BATCH_ROWS = 20000
 DEFAULT_BATCH_BYTES = 16 << 20
 
 #: ``autotune_timings`` is read flat: the view of revision 0004, or the table of 0001-0003.
-_T = {name: Base.metadata.tables.get(name, AUTOTUNE_TIMINGS) for name in TABLES}
+_T = {name: metadata.tables.get(name, AUTOTUNE_TIMINGS) for name in TABLES}
 #: The timestamp columns of each table.
 _DATETIMES = {name: tuple(c.name for c in t.c if isinstance(c.type, DateTime)) for name, t in _T.items()}
 #: The boolean columns of each table (SQLite hands back 0/1).

@@ -7,11 +7,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sqlalchemy import Engine, inspect
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import ArgumentError, DatabaseError, OperationalError
-from sqlalchemy.orm import Session
 
 from . import _migrate
 from ._engine import (
@@ -34,10 +34,23 @@ from .repositories import (
     LocalCacheValueRepository,
 )
 
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
+
+def _session_class() -> type[Session]:
+    """The ORM :class:`~sqlalchemy.orm.Session`, imported on first use: the hot paths
+    (:meth:`CacheDB.lookup`, :meth:`CacheDB.write`) run Core statements, so a compiling
+    process never loads ``sqlalchemy.orm`` (:mod:`cachedb.tables`)."""
+    from sqlalchemy.orm import Session
+
+    return Session
+
 
 @dataclass(frozen=True)
 class Repos:
-    """The repositories of one transaction, all on the same :class:`Session`."""
+    """The repositories of one transaction, all on the same ORM ``Session`` (:meth:`CacheDB.transaction`,
+    :meth:`CacheDB.read`) or Core ``Connection`` (:meth:`CacheDB.lookup`, :meth:`CacheDB.write`)."""
 
     session: Session
     signer: Signer | None = None
@@ -158,7 +171,7 @@ class CacheDB:
         timeout rather than failing later on a lock upgrade.
         """
         with self.engine.connect().execution_options(**{WRITE_OPTION: True}) as conn:
-            with Session(bind=conn, expire_on_commit=False, autoflush=True) as session:
+            with _session_class()(bind=conn, expire_on_commit=False, autoflush=True) as session:
                 with conn.begin():
                     yield Repos(session, self.signer)
                     session.flush()
@@ -182,13 +195,13 @@ class CacheDB:
         :meth:`lookup`), else (another thread's, a nested block's) on a pooled one."""
         with self.kept.acquire() as kept:
             if kept is not None:
-                with Session(bind=kept) as session:
+                with _session_class()(bind=kept) as session:
                     with kept.begin() as txn:
                         yield Repos(session, self.signer)
                         txn.rollback()
                 return
         with self.engine.connect() as conn:
-            with Session(bind=conn) as session:
+            with _session_class()(bind=conn) as session:
                 with conn.begin() as txn:
                     yield Repos(session, self.signer)
                     txn.rollback()

@@ -1,30 +1,11 @@
-"""Schema v1: typed SQLAlchemy 2.0 models of Inductor's caches.
+"""Typed SQLAlchemy 2.0 ORM models of Inductor's caches, one class per table of
+:mod:`cachedb.tables` (declarative with imperative tables: each class maps its Core table
+through ``__table__``; the ``Mapped`` annotations type the attributes). The classes document
+what each column holds; the tables, the schema's constants and the views are in
+:mod:`cachedb.tables`, which is what the hot paths import (no ORM in a compiling process).
 
-One table family per cache kind Inductor writes under ``cache_dir()``:
-
-===========================  ==================================================================
-table                        Inductor artifact
-===========================  ==================================================================
-``system_fingerprints``      ``CacheBase.get_system()`` (+ torch version, ``torch_key``, host)
-``guarded_entries``          ``fxgraph/<k[1:3]>/<key>/<variant>``, ``aotautograd/<key>/<variant>``
-``autotune_keys``            ``cache/<system hash>`` → ``cache[op][inputs][precision]``
-``autotune_runs``            one benchmark of a key's choices (``recorded_at``)
-``autotune_run_timings``     ``cache[op][inputs][precision][choice]`` = ms, per run
-``local_cache_values``       ``cache/<system hash>`` → any other ``LocalCache`` value
-``best_configs``             ``<k[1:3]>/<name>.best_config``
-``cutlass_op_lists``         ``configs_<request key>.json``
-``cutlass_ops``              one row per op of a CUTLASS op list
-``kernel_artifacts``         ``triton/<device>/<key>/<file>`` (Triton's cache), ``<k[1:3]>/<k>*.so``
-                             (C++ kernel libraries): (kind, host, key, file name) → a blob
-``kernel_blobs``             content-addressed bytes of kernel files (one copy per SHA-256)
-===========================  ==================================================================
-
-Views (created by the migrations, see :data:`VIEW_NAMES`): ``autotune_current``,
-``autotune_winners``, ``autotune_history`` (revision 0001), ``kernels`` (revision 0003),
-``autotune_timings`` (revision 0004: the timings flat, as the table of that name held them).
-
-Timestamps are timezone-aware UTC. Payload columns hold zstd frames; sizes are bytes of the
-uncompressed payload; ``checksum`` is the SHA-256 hex digest of the uncompressed payload.
+The admin commands, the migrations' environment and the tests use these classes; the
+repositories build their statements from the tables.
 """
 
 from __future__ import annotations
@@ -32,53 +13,23 @@ from __future__ import annotations
 import datetime as dt
 from typing import Optional
 
-from sqlalchemy import (
-    BigInteger,
-    Boolean,
-    Column,
-    DateTime,
-    Float,
-    ForeignKey,
-    Index,
-    Integer,
-    LargeBinary,
-    MetaData,
-    String,
-    Table,
-    Text,
-    UniqueConstraint,
+from sqlalchemy.orm import DeclarativeBase, Mapped, relationship
+
+from . import tables
+from .tables import (  # noqa: F401  (the schema's names, importable from here as before)
+    ARTIFACT_KINDS,
+    AUTOTUNE_TIMINGS,
+    GUARDED_KINDS,
+    NAMING_CONVENTION,
+    NATURAL_KEY_COLUMNS,
+    NEWEST_WINS_COMPARED,
+    VIEW_NAMES,
+    utcnow,
 )
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
-
-NAMING_CONVENTION = {
-    "ix": "ix_%(column_0_label)s",
-    "uq": "uq_%(table_name)s_%(column_0_name)s",
-    "ck": "ck_%(table_name)s_%(constraint_name)s",
-    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
-    "pk": "pk_%(table_name)s",
-}
-
-#: Kinds of guarded entries, named after their directory under ``cache_dir()``.
-GUARDED_KINDS = ("fxgraph", "aotautograd")
-
-#: Natural-key columns of the tables that ``cachedb copy`` / merge and the remote tier match by
-#: key rather than by a newest-wins row (:mod:`cachedb.copy`, :mod:`cachedb.tier_sync`).
-NATURAL_KEY_COLUMNS = {
-    "kernel_artifacts": ("kind", "host_key", "key", "name"),
-    "guarded_entries": ("kind", "key", "variant"),
-    "quarantined_entries": ("kind", "key", "variant", "checksum", "quarantined_at"),
-}
-#: Columns compared to tell whether a newest-wins row (the same key on both sides) changed.
-NEWEST_WINS_COMPARED = {"local_cache_values": ("value_json",), "best_configs": ("content",)}
-
-
-def utcnow() -> dt.datetime:
-    """The current time, timezone-aware UTC (the value every timestamp column gets)."""
-    return dt.datetime.now(dt.timezone.utc)
 
 
 class Base(DeclarativeBase):
-    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+    metadata = tables.metadata
 
 
 class SystemFingerprint(Base):
@@ -93,21 +44,21 @@ class SystemFingerprint(Base):
     ``cache/<system hash>`` file is exported byte for byte.
     """
 
-    __tablename__ = "system_fingerprints"
+    __table__ = tables.system_fingerprints
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    fingerprint_key: Mapped[str] = mapped_column(String(64), unique=True)
-    system_hash: Mapped[str] = mapped_column(String(64), index=True)
-    system_json: Mapped[str] = mapped_column(Text)
-    device_name: Mapped[Optional[str]] = mapped_column(String(256))
-    triton_key: Mapped[Optional[str]] = mapped_column(String(256))
-    cuda_version: Mapped[Optional[str]] = mapped_column(String(32))
-    hip_version: Mapped[Optional[str]] = mapped_column(String(64))
-    torch_version: Mapped[Optional[str]] = mapped_column(String(64))
-    torch_key: Mapped[Optional[str]] = mapped_column(String(64))
-    cpu_model: Mapped[Optional[str]] = mapped_column(String(256))
-    isa: Mapped[Optional[str]] = mapped_column(String(64))
-    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    id: Mapped[int]
+    fingerprint_key: Mapped[str]
+    system_hash: Mapped[str]
+    system_json: Mapped[str]
+    device_name: Mapped[Optional[str]]
+    triton_key: Mapped[Optional[str]]
+    cuda_version: Mapped[Optional[str]]
+    hip_version: Mapped[Optional[str]]
+    torch_version: Mapped[Optional[str]]
+    torch_key: Mapped[Optional[str]]
+    cpu_model: Mapped[Optional[str]]
+    isa: Mapped[Optional[str]]
+    created_at: Mapped[dt.datetime]
 
 
 class GuardedEntry(Base):
@@ -123,29 +74,24 @@ class GuardedEntry(Base):
     HMAC-SHA256 of the entry under the team's key when signing is on (:mod:`cachedb._signing`).
     """
 
-    __tablename__ = "guarded_entries"
-    __table_args__ = (
-        UniqueConstraint("kind", "key", "variant", name="uq_guarded_entries_kind_key_variant"),
-    )
+    __table__ = tables.guarded_entries
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    kind: Mapped[str] = mapped_column(String(16))
-    key: Mapped[str] = mapped_column(String(128))
-    variant: Mapped[str] = mapped_column(String(64))
-    guards_expr: Mapped[Optional[str]] = mapped_column(Text)
-    guards_known: Mapped[bool] = mapped_column(Boolean, default=True)
-    guards_note: Mapped[Optional[str]] = mapped_column(Text)
-    payload: Mapped[bytes] = mapped_column(LargeBinary)
-    size_bytes: Mapped[int] = mapped_column(BigInteger)
-    checksum: Mapped[str] = mapped_column(String(64))
-    time_taken_ns: Mapped[Optional[int]] = mapped_column(BigInteger)
-    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
-    last_used_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow, index=True)
-    hit_count: Mapped[int] = mapped_column(Integer, default=0)
-    fingerprint_id: Mapped[Optional[int]] = mapped_column(
-        ForeignKey("system_fingerprints.id", ondelete="SET NULL"), index=True
-    )
-    signature: Mapped[Optional[str]] = mapped_column(String(64))
+    id: Mapped[int]
+    kind: Mapped[str]
+    key: Mapped[str]
+    variant: Mapped[str]
+    guards_expr: Mapped[Optional[str]]
+    guards_known: Mapped[bool]
+    guards_note: Mapped[Optional[str]]
+    payload: Mapped[bytes]
+    size_bytes: Mapped[int]
+    checksum: Mapped[str]
+    time_taken_ns: Mapped[Optional[int]]
+    created_at: Mapped[dt.datetime]
+    last_used_at: Mapped[dt.datetime]
+    hit_count: Mapped[int]
+    fingerprint_id: Mapped[Optional[int]]
+    signature: Mapped[Optional[str]]
 
     fingerprint: Mapped[Optional[SystemFingerprint]] = relationship()
 
@@ -159,17 +105,14 @@ class AutotuneKey(Base):
     PostgreSQL writers may add a duplicate, which reads treat as the same key).
     """
 
-    __tablename__ = "autotune_keys"
-    __table_args__ = (Index("ix_autotune_keys_lookup", "fingerprint_id", "op", "inputs", "precision"),)
+    __table__ = tables.autotune_keys
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    fingerprint_id: Mapped[int] = mapped_column(
-        ForeignKey("system_fingerprints.id", ondelete="CASCADE")
-    )
-    op: Mapped[str] = mapped_column(String(256))
-    inputs: Mapped[str] = mapped_column(Text)
-    hint_override: Mapped[Optional[int]] = mapped_column(BigInteger)
-    precision: Mapped[str] = mapped_column(String(16))
+    id: Mapped[int]
+    fingerprint_id: Mapped[int]
+    op: Mapped[str]
+    inputs: Mapped[str]
+    hint_override: Mapped[Optional[int]]
+    precision: Mapped[str]
 
     fingerprint: Mapped[SystemFingerprint] = relationship()
 
@@ -178,12 +121,11 @@ class AutotuneRun(Base):
     """One benchmark of a key's choices, at ``recorded_at`` (revision 0004): what one
     ``PersistentCache.lookup`` miss measured, or one import of a document's values."""
 
-    __tablename__ = "autotune_runs"
-    __table_args__ = (Index("ix_autotune_runs_key_id", "key_id", "recorded_at"),)
+    __table__ = tables.autotune_runs
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    key_id: Mapped[int] = mapped_column(ForeignKey("autotune_keys.id", ondelete="CASCADE"))
-    recorded_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    id: Mapped[int]
+    key_id: Mapped[int]
+    recorded_at: Mapped[dt.datetime]
 
     key: Mapped[AutotuneKey] = relationship()
 
@@ -203,14 +145,13 @@ class AutotuneTiming(Base):
     stored them.
     """
 
-    __tablename__ = "autotune_run_timings"
-    __table_args__ = (Index("ix_autotune_run_timings_run_id", "run_id"),)
+    __table__ = tables.autotune_run_timings
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    run_id: Mapped[int] = mapped_column(ForeignKey("autotune_runs.id", ondelete="CASCADE"))
-    choice_hash: Mapped[str] = mapped_column(Text)
-    timing_ms: Mapped[float] = mapped_column(Float)
-    position: Mapped[int] = mapped_column(BigInteger, index=True)
+    id: Mapped[int]
+    run_id: Mapped[int]
+    choice_hash: Mapped[str]
+    timing_ms: Mapped[float]
+    position: Mapped[int]
 
     run: Mapped[AutotuneRun] = relationship()
 
@@ -223,20 +164,15 @@ class LocalCacheValue(Base):
     ``value_json`` the JSON of the value (a leaf: never a non-empty object).
     """
 
-    __tablename__ = "local_cache_values"
-    __table_args__ = (
-        UniqueConstraint("fingerprint_id", "key_path", name="uq_local_cache_values_fp_key_path"),
-    )
+    __table__ = tables.local_cache_values
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    fingerprint_id: Mapped[int] = mapped_column(
-        ForeignKey("system_fingerprints.id", ondelete="CASCADE")
-    )
-    namespace: Mapped[str] = mapped_column(String(256), index=True)
-    key_path: Mapped[str] = mapped_column(Text)
-    value_json: Mapped[str] = mapped_column(Text)
-    position: Mapped[int] = mapped_column(BigInteger, index=True)
-    updated_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    id: Mapped[int]
+    fingerprint_id: Mapped[int]
+    namespace: Mapped[str]
+    key_path: Mapped[str]
+    value_json: Mapped[str]
+    position: Mapped[int]
+    updated_at: Mapped[dt.datetime]
 
     fingerprint: Mapped[SystemFingerprint] = relationship()
 
@@ -249,41 +185,39 @@ class BestConfig(Base):
     the JSON exactly as written; the other columns are extracted from it.
     """
 
-    __tablename__ = "best_configs"
+    __table__ = tables.best_configs
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    key: Mapped[str] = mapped_column(String(256), unique=True)
-    content: Mapped[str] = mapped_column(Text)
-    configs_hash: Mapped[Optional[str]] = mapped_column(String(64))  # not indexed since 0005
-    num_warps: Mapped[Optional[int]] = mapped_column(Integer)
-    num_stages: Mapped[Optional[int]] = mapped_column(Integer)
-    found_by_coordesc: Mapped[Optional[bool]] = mapped_column(Boolean)
-    time_taken_ms: Mapped[Optional[int]] = mapped_column(BigInteger)
-    triton_cache_hash: Mapped[Optional[str]] = mapped_column(String(128))
-    kernel_kwargs: Mapped[Optional[str]] = mapped_column(Text)
-    signature: Mapped[Optional[str]] = mapped_column(String(64))
-    fingerprint_id: Mapped[Optional[int]] = mapped_column(
-        ForeignKey("system_fingerprints.id", ondelete="SET NULL")
-    )
-    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
-    updated_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    id: Mapped[int]
+    key: Mapped[str]
+    content: Mapped[str]
+    configs_hash: Mapped[Optional[str]]  # not indexed since 0005
+    num_warps: Mapped[Optional[int]]
+    num_stages: Mapped[Optional[int]]
+    found_by_coordesc: Mapped[Optional[bool]]
+    time_taken_ms: Mapped[Optional[int]]
+    triton_cache_hash: Mapped[Optional[str]]
+    kernel_kwargs: Mapped[Optional[str]]
+    signature: Mapped[Optional[str]]
+    fingerprint_id: Mapped[Optional[int]]
+    created_at: Mapped[dt.datetime]
+    updated_at: Mapped[dt.datetime]
 
 
 class QuarantinedEntry(Base):
     """A guarded entry whose payload failed its checksum (or signature): moved here, never
     served, kept for inspection (``cachedb verify`` lists them). Revision 0002."""
 
-    __tablename__ = "quarantined_entries"
+    __table__ = tables.quarantined_entries
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    kind: Mapped[str] = mapped_column(String(16))
-    key: Mapped[str] = mapped_column(String(128))
-    variant: Mapped[str] = mapped_column(String(64))
-    payload: Mapped[bytes] = mapped_column(LargeBinary)
-    size_bytes: Mapped[int] = mapped_column(BigInteger)
-    checksum: Mapped[str] = mapped_column(String(64))
-    reason: Mapped[str] = mapped_column(Text)
-    quarantined_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    id: Mapped[int]
+    kind: Mapped[str]
+    key: Mapped[str]
+    variant: Mapped[str]
+    payload: Mapped[bytes]
+    size_bytes: Mapped[int]
+    checksum: Mapped[str]
+    reason: Mapped[str]
+    quarantined_at: Mapped[dt.datetime]
 
 
 class CutlassOpList(Base):
@@ -292,18 +226,18 @@ class CutlassOpList(Base):
     exact bytes; ``arch``, ``cuda_version`` and ``instantiation_level`` are the inputs of the
     request key where known (an imported file only reveals ``arch``)."""
 
-    __tablename__ = "cutlass_op_lists"
+    __table__ = tables.cutlass_op_lists
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    request_key: Mapped[str] = mapped_column(String(64), unique=True)
-    arch: Mapped[Optional[int]] = mapped_column(Integer)
-    cuda_version: Mapped[Optional[str]] = mapped_column(String(32))
-    instantiation_level: Mapped[Optional[str]] = mapped_column(String(32))
-    op_count: Mapped[int] = mapped_column(Integer)
-    payload: Mapped[bytes] = mapped_column(LargeBinary)
-    size_bytes: Mapped[int] = mapped_column(BigInteger)
-    checksum: Mapped[str] = mapped_column(String(64))
-    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    id: Mapped[int]
+    request_key: Mapped[str]
+    arch: Mapped[Optional[int]]
+    cuda_version: Mapped[Optional[str]]
+    instantiation_level: Mapped[Optional[str]]
+    op_count: Mapped[int]
+    payload: Mapped[bytes]
+    size_bytes: Mapped[int]
+    checksum: Mapped[str]
+    created_at: Mapped[dt.datetime]
 
     ops: Mapped[list[CutlassOp]] = relationship(
         back_populates="op_list", cascade="all, delete-orphan", passive_deletes=True
@@ -314,46 +248,37 @@ class CutlassOp(Base):
     """One op of a CUTLASS op list, with the fields users filter by (parsed without CUTLASS
     installed, :func:`cachedb.cutlass_ops.parse_op_list`)."""
 
-    __tablename__ = "cutlass_ops"
-    __table_args__ = (
-        Index("ix_cutlass_ops_types", "element_a", "element_b", "layout_a", "layout_b"),
-    )
+    __table__ = tables.cutlass_ops
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    op_list_id: Mapped[int] = mapped_column(
-        ForeignKey("cutlass_op_lists.id", ondelete="CASCADE"), index=True
-    )
-    position: Mapped[int] = mapped_column(Integer)
-    gemm_kind: Mapped[Optional[str]] = mapped_column(String(64))
-    arch: Mapped[Optional[int]] = mapped_column(Integer)
-    element_a: Mapped[Optional[str]] = mapped_column(String(32))
-    element_b: Mapped[Optional[str]] = mapped_column(String(32))
-    element_c: Mapped[Optional[str]] = mapped_column(String(32))
-    element_d: Mapped[Optional[str]] = mapped_column(String(32))
-    element_accumulator: Mapped[Optional[str]] = mapped_column(String(32))
-    element_epilogue: Mapped[Optional[str]] = mapped_column(String(32))
-    layout_a: Mapped[Optional[str]] = mapped_column(String(32))
-    layout_b: Mapped[Optional[str]] = mapped_column(String(32))
-    layout_c: Mapped[Optional[str]] = mapped_column(String(32))
-    layout_d: Mapped[Optional[str]] = mapped_column(String(32))
-    alignment_a: Mapped[Optional[int]] = mapped_column(Integer)
-    alignment_b: Mapped[Optional[int]] = mapped_column(Integer)
-    alignment_c: Mapped[Optional[int]] = mapped_column(Integer)
-    alignment_d: Mapped[Optional[int]] = mapped_column(Integer)
-    tile_shape: Mapped[Optional[str]] = mapped_column(String(32))
-    cluster_shape: Mapped[Optional[str]] = mapped_column(String(32))
-    stages: Mapped[Optional[int]] = mapped_column(Integer)
-    kernel_schedule: Mapped[Optional[str]] = mapped_column(String(64))
-    epilogue_schedule: Mapped[Optional[str]] = mapped_column(String(64))
-    tile_scheduler: Mapped[Optional[str]] = mapped_column(String(64))
-    epilogue_functor: Mapped[Optional[str]] = mapped_column(String(64))
-    swizzling_functor: Mapped[Optional[str]] = mapped_column(String(64))
+    id: Mapped[int]
+    op_list_id: Mapped[int]
+    position: Mapped[int]
+    gemm_kind: Mapped[Optional[str]]
+    arch: Mapped[Optional[int]]
+    element_a: Mapped[Optional[str]]
+    element_b: Mapped[Optional[str]]
+    element_c: Mapped[Optional[str]]
+    element_d: Mapped[Optional[str]]
+    element_accumulator: Mapped[Optional[str]]
+    element_epilogue: Mapped[Optional[str]]
+    layout_a: Mapped[Optional[str]]
+    layout_b: Mapped[Optional[str]]
+    layout_c: Mapped[Optional[str]]
+    layout_d: Mapped[Optional[str]]
+    alignment_a: Mapped[Optional[int]]
+    alignment_b: Mapped[Optional[int]]
+    alignment_c: Mapped[Optional[int]]
+    alignment_d: Mapped[Optional[int]]
+    tile_shape: Mapped[Optional[str]]
+    cluster_shape: Mapped[Optional[str]]
+    stages: Mapped[Optional[int]]
+    kernel_schedule: Mapped[Optional[str]]
+    epilogue_schedule: Mapped[Optional[str]]
+    tile_scheduler: Mapped[Optional[str]]
+    epilogue_functor: Mapped[Optional[str]]
+    swizzling_functor: Mapped[Optional[str]]
 
     op_list: Mapped[CutlassOpList] = relationship(back_populates="ops")
-
-
-#: Kinds of kernel artifacts: Triton's cache directories and C++ kernel libraries.
-ARTIFACT_KINDS = ("triton", "cpp")
 
 
 class KernelBlob(Base):
@@ -365,14 +290,14 @@ class KernelBlob(Base):
     ``stored_bytes`` the frame's size, both in bytes.
     """
 
-    __tablename__ = "kernel_blobs"
+    __table__ = tables.kernel_blobs
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    sha256: Mapped[str] = mapped_column(String(64), unique=True)
-    payload: Mapped[bytes] = mapped_column(LargeBinary)
-    size_bytes: Mapped[int] = mapped_column(BigInteger)
-    stored_bytes: Mapped[int] = mapped_column(BigInteger)
-    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    id: Mapped[int]
+    sha256: Mapped[str]
+    payload: Mapped[bytes]
+    size_bytes: Mapped[int]
+    stored_bytes: Mapped[int]
+    created_at: Mapped[dt.datetime]
 
 
 class KernelArtifact(Base):
@@ -393,54 +318,18 @@ class KernelArtifact(Base):
     key). ``last_used_at`` (indexed) drives eviction; ``hit_count`` counts serves.
     """
 
-    __tablename__ = "kernel_artifacts"
-    __table_args__ = (
-        UniqueConstraint("kind", "host_key", "key", "name", name="uq_kernel_artifacts_kind_host_key_key_name"),
-    )
+    __table__ = tables.kernel_artifacts
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    kind: Mapped[str] = mapped_column(String(16))
-    host_key: Mapped[str] = mapped_column(String(64), default="")
-    key: Mapped[str] = mapped_column(String(128))
-    name: Mapped[str] = mapped_column(String(255))
-    blob_id: Mapped[int] = mapped_column(ForeignKey("kernel_blobs.id", ondelete="RESTRICT"), index=True)
-    size_bytes: Mapped[int] = mapped_column(BigInteger)
-    fingerprint_id: Mapped[Optional[int]] = mapped_column(
-        ForeignKey("system_fingerprints.id", ondelete="SET NULL"), index=True
-    )
-    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
-    last_used_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow, index=True)
-    hit_count: Mapped[int] = mapped_column(Integer, default=0)
+    id: Mapped[int]
+    kind: Mapped[str]
+    host_key: Mapped[str]
+    key: Mapped[str]
+    name: Mapped[str]
+    blob_id: Mapped[int]
+    size_bytes: Mapped[int]
+    fingerprint_id: Mapped[Optional[int]]
+    created_at: Mapped[dt.datetime]
+    last_used_at: Mapped[dt.datetime]
+    hit_count: Mapped[int]
 
     blob: Mapped[KernelBlob] = relationship()
-
-
-#: Views created by the migrations. Every timing flat (0004_compact_timings.py):
-#: ``autotune_timings`` (:data:`AUTOTUNE_TIMINGS`). Tuning history (SQL in 0001_schema_v1.py,
-#: recreated unchanged by 0004):
-#: ``autotune_current`` (latest timing of each choice), ``autotune_winners`` (fastest current
-#: choice per op, inputs, precision and fingerprint, with the number of candidates) and
-#: ``autotune_history`` (every benchmark with its fingerprint: device, torch version, host).
-#: Kernels (0003_kernel_artifacts.py): ``kernels``, one row per kernel key with its files,
-#: bytes (uncompressed and stored), blobs shared with other keys, hits and last use.
-VIEW_NAMES = ("autotune_timings", "autotune_current", "autotune_winners", "autotune_history", "kernels")
-
-#: The view ``autotune_timings`` (revision 0004, migrations/versions/0004_compact_timings.py):
-#: every timing flat, one row per :class:`AutotuneTiming` with its key's and run's columns, as
-#: the table of that name held them before. Reads (SQLite and PostgreSQL inline the join) and
-#: ``cachedb copy`` from any revision go through it; writes go to the three tables
-#: (:mod:`cachedb.repositories.timings`). Not part of :attr:`Base.metadata`: it is no table.
-AUTOTUNE_TIMINGS = Table(
-    "autotune_timings",
-    MetaData(),
-    Column("id", Integer, primary_key=True),
-    Column("fingerprint_id", Integer, nullable=False),
-    Column("op", String(256), nullable=False),
-    Column("inputs", Text, nullable=False),
-    Column("hint_override", BigInteger),
-    Column("precision", String(16), nullable=False),
-    Column("choice_hash", Text, nullable=False),
-    Column("timing_ms", Float, nullable=False),
-    Column("position", BigInteger, nullable=False),
-    Column("recorded_at", DateTime(timezone=True), nullable=False),
-)

@@ -37,12 +37,12 @@ from ._bulk import bulk_insert
 from ._bulk import utc as _utc
 from ._errors import CorruptPayloadError
 from ._payload import repacked_guarded
-from .models import AUTOTUNE_TIMINGS, NATURAL_KEY_COLUMNS, NEWEST_WINS_COMPARED, Base
+from .tables import AUTOTUNE_TIMINGS, NATURAL_KEY_COLUMNS, NEWEST_WINS_COMPARED, metadata
 from .repositories import timings as timings_repo
 from .repositories.timings import next_position
 
 #: The tables, and the flat timings view (revision 0004) under its name.
-_T = {**Base.metadata.tables, "autotune_timings": AUTOTUNE_TIMINGS}
+_T = {**metadata.tables, "autotune_timings": AUTOTUNE_TIMINGS}
 _F = _T["system_fingerprints"]
 _BLOBS = _T["kernel_blobs"]
 _OPS = _T["cutlass_ops"]

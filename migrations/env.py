@@ -10,10 +10,12 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import create_engine
 
-from cachedb.models import Base
+from cachedb.tables import metadata
 
 config = context.config
-target_metadata = Base.metadata
+#: The schema as Core tables (``cachedb.models`` maps the same ``MetaData``): a process that
+#: creates its database while it compiles does not load the ORM for it.
+target_metadata = metadata
 
 
 def _configure_and_run(connection) -> None:  # type: ignore[no-untyped-def]

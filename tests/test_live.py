@@ -28,7 +28,10 @@ MACHINES = ("machine-a-tmp", "machine-b-tmp")
 def _cachedb_run(db: Path, cache_dir: Path, machine_tmp: Path | None = None, **env_extra: str) -> dict:
     """``cachedb --db DB run -- python examples/build_cache.py CACHE_DIR --json``;
     ``machine_tmp``: the process's ``TMPDIR``, where torch keeps what lives outside the cache
-    directory (``default_cache_dir()``: the C++ precompiled headers), as on its own machine."""
+    directory (``default_cache_dir()``: the C++ precompiled headers), as on its own machine.
+    With ``PYTHONPROFILEIMPORTTIME=1`` in ``env_extra``, the summary's ``"imported"`` lists
+    every module that a process of the run (the CLI, the program, the processes it starts
+    that share its stderr) imported."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("CACHEDB_")}
     env["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir)
     if machine_tmp is not None:
@@ -41,7 +44,11 @@ def _cachedb_run(db: Path, cache_dir: Path, machine_tmp: Path | None = None, **e
         capture_output=True, text=True, env=env, timeout=900,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    if env_extra.get("PYTHONPROFILEIMPORTTIME"):
+        summary["imported"] = sorted({line.rsplit("|", 1)[1].strip() for line in proc.stderr.splitlines()
+                                      if line.startswith("import time:") and line.count("|") == 2})
+    return summary
 
 
 def _leftovers(cache_dir: Path) -> list[str]:
@@ -57,9 +64,9 @@ def warm_db(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, dict]
     (db path, cold summary, warm summary)."""
     root = tmp_path_factory.mktemp("live")
     db = root / "cache.db"
-    cold = _cachedb_run(db, root / "cold", root / MACHINES[0])
+    cold = _cachedb_run(db, root / "cold", root / MACHINES[0], PYTHONPROFILEIMPORTTIME="1")
     assert _leftovers(root / "cold") == []
-    warm = _cachedb_run(db, root / "warm", root / MACHINES[1])
+    warm = _cachedb_run(db, root / "warm", root / MACHINES[1], PYTHONPROFILEIMPORTTIME="1")
     assert _leftovers(root / "warm") == []
     return db, cold, warm
 
@@ -101,6 +108,19 @@ def test_fresh_process_on_a_new_cache_dir_is_served_from_the_db(warm_db: tuple[P
     assert not any(k.startswith("benchmarking.") for k in c)
     best = warm["workloads"]["best_config"]
     assert best["read_before_save"] == {"kwargs": {"XBLOCK": 512}, "num_warps": 2}
+
+
+@pytest.mark.slow
+def test_compiling_processes_load_no_orm(warm_db: tuple[Path, dict, dict]) -> None:
+    """The live path runs Core statements on Core tables (:mod:`cachedb.tables`): neither the
+    cold run (which writes the fingerprint, FX graph and AOTAutograd entries, timings, best
+    configs and kernel libraries) nor the warm one (hits, hit counts written at exit) imports
+    ``sqlalchemy.orm`` or the ORM models, which cost a compiling process ~0.1 s (2-core VM).
+    Both did import cachedb and SQLAlchemy's Core: the check sees the runs' imports."""
+    _, cold, warm = warm_db
+    for run in (cold, warm):
+        assert {"cachedb.live._store", "cachedb.tables", "sqlalchemy.engine"} <= set(run["imported"])
+        assert [m for m in run["imported"] if m.startswith("sqlalchemy.orm") or m == "cachedb.models"] == []
 
 
 def _precompiled_headers(machine_tmp: Path) -> list[str]:

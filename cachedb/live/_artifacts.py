@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 from .. import tier_sync as sync
 from .._errors import CorruptBlobError
-from ..models import utcnow
+from ..tables import utcnow
 from ._store import LiveStore
 
 log = logging.getLogger("cachedb.live")
@@ -163,7 +163,7 @@ class KernelArtifacts:
         """Move the damaged blob named in ``exc`` aside (its keys become misses)."""
 
         def write() -> None:
-            with self.live.db.transaction() as repos:
+            with self.live.db.write() as repos:
                 repos.artifacts.quarantine_blob(exc.sha256, exc.reason)
             try:
                 from torch._dynamo.utils import counters
@@ -180,7 +180,7 @@ class KernelArtifacts:
         """Store the files of one key directory in one transaction (dropped on failure)."""
 
         def write() -> None:
-            with self.live.db.transaction() as repos:
+            with self.live.db.write() as repos:
                 fp_id = self.live._fingerprint_id(repos)
                 n = repos.artifacts.put_files(kind, key, files, host_key=host_key, fingerprint_id=fp_id)
                 self._take_hits(repos)
@@ -213,7 +213,7 @@ class KernelArtifacts:
             return
 
         def write() -> None:
-            with self.live.db.transaction() as repos:
+            with self.live.db.write() as repos:
                 self._take_hits(repos)
 
         self.live.safely("kernel hit count write", None, write)

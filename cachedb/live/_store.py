@@ -24,7 +24,7 @@ from .._trust import untrusted_reason
 from ..db import CacheDB, Repos
 from ..fingerprint import current as current_fingerprint
 from ..keys import split_inputs_key
-from ..models import utcnow
+from ..tables import utcnow
 from ..repositories import best_configs as best_configs_repo
 from ..repositories import guarded as guarded_repo
 from ..repositories import local_values as local_values_repo
@@ -294,7 +294,7 @@ class LiveStore:
             pass
 
         def write() -> None:
-            with self.db.transaction() as repos:
+            with self.db.write() as repos:
                 for variant, reason in corrupt:
                     repos.guarded.quarantine(kind, key, variant, reason)
 
@@ -321,7 +321,7 @@ class LiveStore:
             return
 
         def write() -> None:
-            with self.db.transaction() as repos:
+            with self.db.write() as repos:
                 self._take_hits(repos)
 
         self.safely("hit count write", None, write)
@@ -347,14 +347,14 @@ class LiveStore:
             db = self.db
             fp_id = self._known_fingerprint_id()
             # Hash (once), scan, compress and sign before BEGIN IMMEDIATE: the write lock is
-            # held only for the INSERT (and the existence check, on the ORM paths).
+            # held only for the INSERT (and the existence check, on the paths through db.write()).
             prepared = guarded_repo.prepare_pickled(
                 kind, key, content, signer=db.signer, fingerprint_id=fp_id, own=True,
                 dialect=db.engine.dialect.name,
             )
             insert_new = guarded_repo.insert_new_for(db.engine.dialect.name)
-            if fp_id is None:  # first write of this process: records its fingerprint (ORM)
-                with db.transaction() as repos:
+            if fp_id is None:  # first write of this process: records its fingerprint
+                with db.write() as repos:
                     prepared.row["fingerprint_id"] = self._fingerprint_id(repos)
                     repos.guarded.put_prepared(prepared)
                     self._take_hits(repos)
@@ -464,7 +464,7 @@ class LiveStore:
                 groups.setdefault((t.op, t.inputs, t.hint_override, t.precision), {})[t.choice_hash] = t.timing_ms
             db = self.db
             known = self._known_fingerprint_id()
-            with db.transaction() if known is None else db.write() as repos:
+            with db.write() as repos:
                 fp_id = known if known is not None else self._fingerprint_id(repos)
                 for (op, inputs, hint, precision), per_choice in groups.items():
                     repos.timings.record(fp_id, op, inputs, precision, per_choice, hint_override=hint)
@@ -529,8 +529,8 @@ class LiveStore:
             columns = best_configs_repo.prepare_columns(db.signer, key, content)  # before BEGIN IMMEDIATE
             fp_id = self._known_fingerprint_id()
             upsert = best_configs_repo.upsert_for(db.engine.dialect.name)
-            if fp_id is None or upsert is None:  # first write of this process: records its fingerprint (ORM)
-                with db.transaction() as repos:
+            if fp_id is None or upsert is None:  # first write of this process: records its fingerprint
+                with db.write() as repos:
                     fp_id = self._fingerprint_id(repos)
                     repos.best_configs.put(key, content, fingerprint_id=fp_id, columns=columns)
             else:  # one upsert on the kept connection, the write lock held for it alone

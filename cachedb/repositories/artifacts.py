@@ -13,18 +13,21 @@ import datetime as dt
 import hashlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import bindparam, delete, exists, func, insert, select, update
-from sqlalchemy.orm import Session
 
 from .._bulk import dialect_insert
 from .._errors import CorruptBlobError, CorruptPayloadError
 from .._payload import pack, unpack
-from ..models import ARTIFACT_KINDS, KernelArtifact, KernelBlob, QuarantinedEntry, utcnow
+from .. import tables
+from ..tables import ARTIFACT_KINDS, utcnow
 
-_A = KernelArtifact.__table__
-_B = KernelBlob.__table__
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
+_A = tables.kernel_artifacts
+_B = tables.kernel_blobs
 
 # Hot path: every file of one key directory with its blob, in one query.
 _KEY_FILES = (
@@ -277,7 +280,7 @@ class KernelArtifactRepository:
             removed += self.session.execute(
                 delete(_A).where(_A.c.kind == kind, _A.c.host_key == host, _A.c.key == key)
             ).rowcount or 0
-        self.session.execute(insert(QuarantinedEntry.__table__).values(
+        self.session.execute(insert(tables.quarantined_entries).values(
             kind="kernel_blob", key=sha256, variant="", payload=payload, size_bytes=size,
             checksum=sha256, reason=reason, quarantined_at=utcnow(),
         ))

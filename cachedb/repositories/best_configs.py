@@ -6,20 +6,23 @@ import functools
 import hashlib
 import json
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, bindparam, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.sql import Insert
-from sqlalchemy.orm import Session
 
 from .._bulk import bulk_insert, dialect_insert
 from .._engine import holds_write_lock
 from .._errors import BadInputError, CorruptPayloadError
 from .._signing import Signer
-from ..models import BestConfig, utcnow
+from .. import tables
+from ..tables import utcnow
 
-_B = BestConfig.__table__
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
+_B = tables.best_configs
 #: Hot path: ``(content, signature)`` of one best config. Binds: ``key``.
 GET_BY_KEY = select(_B.c.content, _B.c.signature).where(_B.c.key == bindparam("key"))
 _GET = GET_BY_KEY

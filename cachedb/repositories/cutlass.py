@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
 
 from sqlalchemy import bindparam, delete, insert, select
-from sqlalchemy.orm import Session
 
 from .._payload import pack, unpack
 from ..cutlass_ops import CutlassOpRow
-from ..models import CutlassOp, CutlassOpList, utcnow
+from .. import tables
+from ..tables import utcnow
 
-_L = CutlassOpList.__table__
-_O = CutlassOp.__table__
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
+_L = tables.cutlass_op_lists
+_O = tables.cutlass_ops
 _GET = select(_L.c.payload, _L.c.size_bytes, _L.c.checksum).where(
     _L.c.request_key == bindparam("request_key")
 )

@@ -7,11 +7,10 @@ import functools
 import hashlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from sqlalchemy import Connection, and_, bindparam, case, delete, func, insert, literal_column, null, select, update
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
 from sqlalchemy.sql import ColumnElement, Insert, Select
 
 from .._bulk import bulk_insert_values, dialect_insert
@@ -22,9 +21,13 @@ from .._own_pickle import read_own_entry_fields
 from .._pickle_scan import read_entry_fields
 from .._signing import Signer
 from ..keys import sha256_digest_name
-from ..models import GUARDED_KINDS, GuardedEntry, QuarantinedEntry, utcnow
+from .. import tables
+from ..tables import GUARDED_KINDS, utcnow
 
-_G = GuardedEntry.__table__
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
+_G = tables.guarded_entries
 
 def _variants(payload: ColumnElement[bytes]) -> Select[Any]:
     return (
@@ -453,7 +456,7 @@ class GuardedEntryRepository:
         if row is None:
             return False
         self.session.execute(
-            insert(QuarantinedEntry.__table__),
+            insert(tables.quarantined_entries),
             {"kind": kind, "key": key, "variant": variant, "payload": row.payload,
              "size_bytes": row.size_bytes, "checksum": row.checksum, "reason": reason,
              "quarantined_at": utcnow()},

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import bindparam, insert, select, update
-from sqlalchemy.orm import Session
 
 from .._local_cache_doc import ValueLeaf
-from ..models import LocalCacheValue, SystemFingerprint, utcnow
+from .. import tables
+from ..tables import utcnow
 
-_V = LocalCacheValue.__table__
-_F = SystemFingerprint.__table__
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
+_V = tables.local_cache_values
+_F = tables.system_fingerprints
 _INSERT = insert(_V)
 _UPDATE = (
     update(_V)

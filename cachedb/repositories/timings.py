@@ -3,7 +3,7 @@
 Stored compact (revision 0004): a key (``autotune_keys``: fingerprint, op, inputs,
 ``hint_override``, precision) once, a run (``autotune_runs``: one benchmark's
 ``recorded_at``) once per benchmark, and per choice a row of ``autotune_run_timings``. Reads
-go through the flat view ``autotune_timings`` (:data:`cachedb.models.AUTOTUNE_TIMINGS`),
+go through the flat view ``autotune_timings`` (:data:`cachedb.tables.AUTOTUNE_TIMINGS`),
 whose join SQLite and PostgreSQL inline into index lookups; writes go to the three tables,
 by :meth:`AutotuneTimingRepository.record` (one benchmark) or :func:`insert_flat` (rows in
 the view's shape: import, ``copy``/``merge``, the fleet tiers' point sync).
@@ -13,31 +13,26 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, bindparam, func, insert, select, text
-from sqlalchemy.orm import Session
 
 from .._bulk import bulk_insert, matching, utc
 from .._local_cache_doc import TimingLeaf
 from ..keys import persistent_cache_inputs_key
-from ..models import (
-    AUTOTUNE_TIMINGS,
-    AutotuneKey,
-    AutotuneRun,
-    AutotuneTiming,
-    LocalCacheValue,
-    SystemFingerprint,
-    utcnow,
-)
+from .. import tables
+from ..tables import AUTOTUNE_TIMINGS, utcnow
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
 
 #: The flat view: every read.
 _T = AUTOTUNE_TIMINGS
-_K = AutotuneKey.__table__
-_R = AutotuneRun.__table__
-_RT = AutotuneTiming.__table__
-_V = LocalCacheValue.__table__
-_F = SystemFingerprint.__table__
+_K = tables.autotune_keys
+_R = tables.autotune_runs
+_RT = tables.autotune_run_timings
+_V = tables.local_cache_values
+_F = tables.system_fingerprints
 
 #: The fingerprints of one system hash, as a subquery (bind ``system_hash``): hot statements
 #: resolve them in the same query instead of a separate round trip.
