@@ -180,8 +180,8 @@ class CacheDB:
     def write(self) -> Iterator[Repos]:
         """A write transaction for hot paths: like :meth:`transaction` (``BEGIN IMMEDIATE`` on
         SQLite, commit on success, rollback on any exception) but the repositories run their
-        Core statements on a plain :class:`~sqlalchemy.Connection`, with no ORM
-        :class:`Session` (only methods that execute statements work: the puts and records).
+        Core statements on a plain :class:`~sqlalchemy.Connection`, with no ORM ``Session``
+        (and without importing ``sqlalchemy.orm``): the live store's writes.
         ``BEGIN IMMEDIATE`` comes first thing in the block: compute before entering it."""
         with self.engine.connect().execution_options(**{WRITE_OPTION: True}) as conn:
             with conn.begin():
@@ -209,8 +209,7 @@ class CacheDB:
     @contextmanager
     def lookup(self) -> Iterator[Repos]:
         """A read-only snapshot for hot paths: the repositories run their prebuilt Core
-        statements on a plain :class:`~sqlalchemy.Connection` (no ORM :class:`Session`).
-        Only repository methods that execute statements work here (all lookups do).
+        statements on a plain :class:`~sqlalchemy.Connection` (no ORM ``Session``).
 
         The connection is the one kept for this process (:class:`~cachedb._engine.KeptConnection`:
         no pool checkout), with ``BEGIN`` ... ``ROLLBACK`` around the block so that the

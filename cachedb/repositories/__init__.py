@@ -1,6 +1,7 @@
-"""Repositories: one per table family. Each takes a :class:`~sqlalchemy.orm.Session`, reads
-and writes through it, and never commits: the transaction belongs to the caller
-(:meth:`cachedb.CacheDB.transaction`)."""
+"""Repositories: one per table family. Each takes an ORM :class:`~sqlalchemy.orm.Session` or a
+Core :class:`~sqlalchemy.Connection`, runs Core statements over :mod:`cachedb.tables` through
+it, and never commits: the transaction belongs to the caller (:meth:`cachedb.CacheDB.transaction`,
+:meth:`~cachedb.CacheDB.write`, :meth:`~cachedb.CacheDB.read`, :meth:`~cachedb.CacheDB.lookup`)."""
 
 from .artifacts import KernelArtifactRepository, KernelFile
 from .best_configs import BestConfigRepository

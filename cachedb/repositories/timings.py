@@ -172,7 +172,7 @@ class AutotuneTimingRepository:
                     "recorded_at": now,
                 }
             )
-        insert_flat(self.session.connection(), rows)
+        insert_flat(self.session if isinstance(self.session, Connection) else self.session.connection(), rows)
         return len(rows)
 
     def lookup(
