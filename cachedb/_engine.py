@@ -260,12 +260,19 @@ def _dispose_in_forked_children(engine: Engine) -> None:
     in_forked_children(engine, lambda child_engine: child_engine.dispose(close=False))
 
 
+def connection_of(bind: Any) -> Connection:
+    """The :class:`~sqlalchemy.Connection` of ``bind``: itself, or an ORM ``Session``'s
+    connection (what the repositories are given: :meth:`cachedb.CacheDB.write` /
+    :meth:`~cachedb.CacheDB.lookup` pass a Connection, ``transaction`` / ``read`` a Session)."""
+    return bind if isinstance(bind, Connection) else bind.connection()
+
+
 def holds_write_lock(bind: Any) -> bool:
     """Whether the transaction of ``bind`` (a :class:`~sqlalchemy.Connection` or an ORM
     ``Session``) holds the database's only write lock since its BEGIN (SQLite, begun with
     :data:`WRITE_OPTION`: ``BEGIN IMMEDIATE``). Then no other writer can insert between a
     check and an INSERT, and a repository can skip the SAVEPOINT that guards that race."""
-    conn = bind if isinstance(bind, Connection) else bind.connection()
+    conn = connection_of(bind)
     return conn.dialect.name == "sqlite" and bool(conn.get_execution_options().get(WRITE_OPTION, False))
 
 

@@ -35,6 +35,7 @@ from .repositories import (
 )
 
 if TYPE_CHECKING:
+    from sqlalchemy import Connection
     from sqlalchemy.orm import Session
 
 
@@ -52,7 +53,7 @@ class Repos:
     """The repositories of one transaction, all on the same ORM ``Session`` (:meth:`CacheDB.transaction`,
     :meth:`CacheDB.read`) or Core ``Connection`` (:meth:`CacheDB.lookup`, :meth:`CacheDB.write`)."""
 
-    session: Session
+    session: Session | Connection
     signer: Signer | None = None
 
     @property
@@ -185,7 +186,7 @@ class CacheDB:
         ``BEGIN IMMEDIATE`` comes first thing in the block: compute before entering it."""
         with self.engine.connect().execution_options(**{WRITE_OPTION: True}) as conn:
             with conn.begin():
-                yield Repos(conn, self.signer)  # type: ignore[arg-type]
+                yield Repos(conn, self.signer)
 
     @contextmanager
     def read(self) -> Iterator[Repos]:
@@ -218,12 +219,12 @@ class CacheDB:
         with self.kept.acquire() as kept:
             if kept is not None:
                 with kept.begin() as txn:
-                    yield Repos(kept, self.signer)  # type: ignore[arg-type]
+                    yield Repos(kept, self.signer)
                     txn.rollback()
                 return
         with self.engine.connect() as conn:
             with conn.begin() as txn:
-                yield Repos(conn, self.signer)  # type: ignore[arg-type]
+                yield Repos(conn, self.signer)
                 txn.rollback()
 
     def close(self) -> None:

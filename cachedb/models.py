@@ -16,7 +16,7 @@ from typing import Optional
 from sqlalchemy.orm import DeclarativeBase, Mapped, relationship
 
 from . import tables
-from .tables import (  # noqa: F401  (the schema's names, importable from here as before)
+from .tables import (  # the schema's names, importable from here as before
     ARTIFACT_KINDS,
     AUTOTUNE_TIMINGS,
     GUARDED_KINDS,
@@ -26,6 +26,14 @@ from .tables import (  # noqa: F401  (the schema's names, importable from here a
     VIEW_NAMES,
     utcnow,
 )
+
+__all__ = [
+    "ARTIFACT_KINDS", "AUTOTUNE_TIMINGS", "GUARDED_KINDS", "NAMING_CONVENTION", "NATURAL_KEY_COLUMNS",
+    "NEWEST_WINS_COMPARED", "VIEW_NAMES", "utcnow",
+    "Base", "SystemFingerprint", "GuardedEntry", "AutotuneKey", "AutotuneRun", "AutotuneTiming",
+    "LocalCacheValue", "BestConfig", "QuarantinedEntry", "CutlassOpList", "CutlassOp", "KernelBlob",
+    "KernelArtifact",
+]
 
 
 class Base(DeclarativeBase):

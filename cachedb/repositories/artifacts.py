@@ -18,12 +18,14 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import bindparam, delete, exists, func, insert, select, update
 
 from .._bulk import dialect_insert
+from .._engine import connection_of
 from .._errors import CorruptBlobError, CorruptPayloadError
 from .._payload import pack, unpack
 from .. import tables
 from ..tables import ARTIFACT_KINDS, utcnow
 
 if TYPE_CHECKING:
+    from sqlalchemy import Connection
     from sqlalchemy.orm import Session
 
 _A = tables.kernel_artifacts
@@ -75,15 +77,14 @@ def _check_kind(kind: str) -> None:
 def _dialect_insert(session: Any, table: Any) -> Any:
     """``INSERT ... ON CONFLICT DO NOTHING`` for SQLite and PostgreSQL (concurrent writers may
     add the same blob or file first; the first one wins, the others change nothing)."""
-    bind = session if hasattr(session, "dialect") else session.get_bind()
-    make = dialect_insert(bind.dialect.name)
+    make = dialect_insert(connection_of(session).dialect.name)
     return insert(table) if make is None else make(table).on_conflict_do_nothing()
 
 
 class KernelArtifactRepository:
     """Reads and writes kernel files on a caller's session or connection; never commits."""
 
-    def __init__(self, session: Session) -> None:
+    def __init__(self, session: Session | Connection) -> None:
         self.session = session
 
     # -- writes ------------------------------------------------------------------------------

@@ -8,18 +8,19 @@ import json
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Connection, bindparam, insert, select, update
+from sqlalchemy import bindparam, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.sql import Insert
 
 from .._bulk import bulk_insert, dialect_insert
-from .._engine import holds_write_lock
+from .._engine import connection_of, holds_write_lock
 from .._errors import BadInputError, CorruptPayloadError
 from .._signing import Signer
 from .. import tables
 from ..tables import utcnow
 
 if TYPE_CHECKING:
+    from sqlalchemy import Connection
     from sqlalchemy.orm import Session
 
 _B = tables.best_configs
@@ -147,7 +148,7 @@ class BestConfigRepository:
     """Best configs. With a :class:`~cachedb._signing.Signer`, writes are signed and reads
     refuse configs whose signature does not verify."""
 
-    def __init__(self, session: Session, signer: Signer | None = None) -> None:
+    def __init__(self, session: Session | Connection, signer: Signer | None = None) -> None:
         self.session = session
         self.signer = signer
 
@@ -225,7 +226,7 @@ class BestConfigRepository:
                 changed.append(True)
         if rows:
             bind = self.session
-            bulk_insert(bind if isinstance(bind, Connection) else bind.connection(), _B, rows)
+            bulk_insert(connection_of(bind), _B, rows)
         return changed
 
     def get(self, key: str) -> str | None:

@@ -14,6 +14,7 @@ from .. import tables
 from ..tables import utcnow
 
 if TYPE_CHECKING:
+    from sqlalchemy import Connection
     from sqlalchemy.orm import Session
 
 _L = tables.cutlass_op_lists
@@ -24,7 +25,7 @@ _GET = select(_L.c.payload, _L.c.size_bytes, _L.c.checksum).where(
 
 
 class CutlassOpListRepository:
-    def __init__(self, session: Session) -> None:
+    def __init__(self, session: Session | Connection) -> None:
         self.session = session
 
     def put(

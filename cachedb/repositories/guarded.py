@@ -14,7 +14,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.sql import ColumnElement, Insert, Select
 
 from .._bulk import bulk_insert_values, dialect_insert
-from .._engine import holds_write_lock
+from .._engine import connection_of, holds_write_lock
 from .._errors import CorruptPayloadError
 from .._payload import STREAM_PAYLOAD_BYTES, BlobSource, PackingAside, guarded_level, pack, unpack, unpack_from
 from .._own_pickle import read_own_entry_fields
@@ -141,7 +141,7 @@ def _check_kind(kind: str) -> None:
 def _dialect(bind: Session | Connection) -> str:
     """The SQLAlchemy dialect name of the database ``bind`` (a Connection or an ORM Session)
     writes to: the payload level depends on it (:func:`~cachedb._payload.guarded_level`)."""
-    return bind.dialect.name if isinstance(bind, Connection) else bind.connection().dialect.name
+    return connection_of(bind).dialect.name
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,7 +290,7 @@ class GuardedEntryRepository:
     """FX graph and AOTAutograd variants. With a :class:`~cachedb._signing.Signer`, writes are
     signed and reads refuse (as corrupt) entries whose signature does not verify."""
 
-    def __init__(self, session: Session, signer: Signer | None = None) -> None:
+    def __init__(self, session: Session | Connection, signer: Signer | None = None) -> None:
         self.session = session
         self.signer = signer
 
@@ -381,7 +381,7 @@ class GuardedEntryRepository:
             added.append(True)
         if rows:
             bind = self.session
-            bulk_insert_values(bind if isinstance(bind, Connection) else bind.connection(), _G, _SCANNED_COLUMNS, rows)
+            bulk_insert_values(connection_of(bind), _G, _SCANNED_COLUMNS, rows)
         return added
 
     def put_prepared(self, prepared: PreparedVariant) -> tuple[str, bool]:

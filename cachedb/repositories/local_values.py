@@ -13,6 +13,7 @@ from .. import tables
 from ..tables import utcnow
 
 if TYPE_CHECKING:
+    from sqlalchemy import Connection
     from sqlalchemy.orm import Session
 
 _V = tables.local_cache_values
@@ -30,7 +31,7 @@ def _path_json(path: Sequence[str]) -> str:
 
 
 class LocalCacheValueRepository:
-    def __init__(self, session: Session) -> None:
+    def __init__(self, session: Session | Connection) -> None:
         self.session = session
 
     def _current(self, fingerprint_ids: Iterable[int]) -> dict[str, tuple[int, str, int]]:

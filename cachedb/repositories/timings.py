@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Connection, bindparam, func, insert, select, text
 
 from .._bulk import bulk_insert, matching, utc
+from .._engine import connection_of
 from .._local_cache_doc import TimingLeaf
 from ..keys import persistent_cache_inputs_key
 from .. import tables
@@ -92,7 +93,7 @@ def next_position(session: Session | Connection) -> int:
 
 
 class AutotuneTimingRepository:
-    def __init__(self, session: Session) -> None:
+    def __init__(self, session: Session | Connection) -> None:
         self.session = session
 
     def record(
@@ -172,7 +173,7 @@ class AutotuneTimingRepository:
                     "recorded_at": now,
                 }
             )
-        insert_flat(self.session if isinstance(self.session, Connection) else self.session.connection(), rows)
+        insert_flat(connection_of(self.session), rows)
         return len(rows)
 
     def lookup(
