@@ -191,8 +191,9 @@ def run(ctx: Context) -> SectionResult:
         f"Reference: the same SELECT + json.loads through one persistent sqlite3 connection (no "
         f"transaction, no SQLAlchemy) takes {raw_us:.1f} us median on the same database, so of cachedb's "
         f"{rows[0].cachedb.median:.0f} us get about {rows[0].cachedb.median - raw_us:.0f} us is the "  # type: ignore[union-attr]
-        "per-call cost of `CacheDB.read()` (the kept connection's lock, BEGIN, an ORM `Session`, rollback) "
-        "and the repository call, rather than SQLite itself."
+        "per-call cost of `CacheDB.read()` (the kept connection's lock, the driver's BEGIN and ROLLBACK around "
+        "the snapshot) and the repository call (its prebuilt statement run on the driver, cachedb/_prebuilt.py), "
+        "rather than SQLite itself."
     )
     floor_us = seconds_to(us, floor_get).median
     res.extra["torch_dict_backend_get_us"] = round(floor_us, 2)

@@ -6,10 +6,8 @@ above it speaks portable SQLAlchemy and runs on PostgreSQL too.
 
 from __future__ import annotations
 
-import datetime as dt
 import itertools
 import math
-import operator
 import os
 import random
 import sqlite3
@@ -22,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sqlalchemy import Connection, DateTime, Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import OperationalError as SAOperationalError
@@ -33,6 +31,7 @@ from . import _wal_index
 from ._checkpoint import BackgroundCheckpointer
 from ._errors import CacheDBError, DatabaseOpenError, NotADatabaseError
 from ._fork import in_forked_children
+from ._prebuilt import _Compiled, compiled_for
 
 #: SQLite's file header: the first 16 bytes of every database file.
 SQLITE_HEADER = b"SQLite format 3\x00"
@@ -154,7 +153,7 @@ def _setup_sqlite(engine: Engine, busy_timeout_s: float) -> None:
                 begin_immediate(dbapi_conn, busy_timeout_s)
             except sqlite3.Error as exc:
                 raise SAOperationalError("BEGIN IMMEDIATE", None, exc) from exc
-        else:
+        elif not dbapi_conn.in_transaction:  # else: inside KeptConnection.snapshot's BEGIN
             try:
                 dbapi_conn.execute("BEGIN")
             except sqlite3.Error as exc:
@@ -308,90 +307,6 @@ class HotReadError(CacheDBError):
     """A hot-path read failed in the database driver (locked, damaged, disconnected, ...)."""
 
 
-@dataclass(frozen=True, slots=True)
-class _Compiled:
-    """A Core statement compiled once for one dialect: SQL text, its parameter order, and the
-    bind processors of the types that need one (``DateTime`` on SQLite, ...)."""
-
-    sql: str
-    names: tuple[str, ...] | None  # positional dialects (SQLite): bind names in order
-    defaults: Mapping[str, Any]  # values bound when the statement was built (LIMIT 1, ...)
-    processors: Mapping[str, Callable[[Any], Any]]  # bind name -> the type's bind processor
-    #: The parameter tuple straight from the caller's mapping, where nothing needs merging or
-    #: processing (a positional statement without defaults or bind processors): a point read's
-    #: ``{"key": k}`` becomes ``(k,)`` without building a dict.
-    pick: Callable[[Mapping[str, Any]], tuple[Any, ...]] | None = None
-
-    def params(self, values: Mapping[str, Any]) -> Any:
-        if self.pick is not None:
-            return self.pick(values)
-        merged = {**self.defaults, **values} if self.defaults else values
-        if self.names is not None:  # positional: the tuple straight away, each value processed once
-            processors = self.processors
-            out = []
-            for name in self.names:
-                value = merged[name]
-                process = processors.get(name)
-                out.append(value if process is None or value is None else process(value))
-            return tuple(out)
-        if self.processors:
-            merged = dict(merged)
-            for name, process in self.processors.items():
-                if merged.get(name) is not None:
-                    merged[name] = process(merged[name])
-        return merged
-
-
-#: The last datetime :func:`_sqlite_datetime` formatted and its text: a write binds the same
-#: ``utcnow()`` to several columns (replaced whole, so threads never see a torn pair).
-_LAST_DATETIME: tuple[Any, str] = (None, "")
-
-
-def _sqlite_datetime(fallback: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    """SQLAlchemy's SQLite ``DateTime`` bind processor (``fallback``, sqlalchemy/dialects/
-    sqlite/base.py ``DATETIME.bind_processor``) for a datetime, in about a third of its time:
-    the same ``%04d-%02d-%02d %02d:%02d:%02d.%06d`` text of the value's own fields (an aware
-    value's offset is dropped without converting it, as SQLAlchemy drops it), and the text of
-    the last value again when the same object comes twice (``created_at`` and ``updated_at``
-    of one write). Anything else (a ``date``, a string) goes to ``fallback``."""
-    datetime_class = dt.datetime
-
-    def process(value: Any) -> Any:
-        global _LAST_DATETIME
-        if value.__class__ is not datetime_class:
-            return fallback(value)
-        last = _LAST_DATETIME
-        if last[0] is value:
-            return last[1]
-        text = "%04d-%02d-%02d %02d:%02d:%02d.%06d" % (
-            value.year, value.month, value.day, value.hour, value.minute, value.second, value.microsecond
-        )
-        _LAST_DATETIME = (value, text)
-        return text
-
-    return process
-
-
-def _bound_bytes(params: Mapping[str, Any]) -> int:
-    """The bytes of the ``bytes`` and ``str`` values of ``params`` (what a write adds to the
-    WAL, roughly)."""
-    return sum(len(v) for v in params.values() if isinstance(v, (bytes, str)))
-
-
-def _picker(
-    names: tuple[str, ...] | None, defaults: Mapping[str, Any], processors: Mapping[str, Any]
-) -> Callable[[Mapping[str, Any]], tuple[Any, ...]] | None:
-    """:attr:`_Compiled.pick` for a statement, ``None`` where :meth:`_Compiled.params` must
-    merge defaults, apply bind processors or pass a mapping (named-parameter dialects)."""
-    if names is None or defaults or processors:
-        return None
-    if len(names) == 1:
-        (name,) = names
-        return lambda values: (values[name],)
-    get = operator.itemgetter(*names) if names else (lambda _values: ())
-    return get  # type: ignore[return-value]
-
-
 class HotWriteError(CacheDBError):
     """A hot-path write failed in the database driver (locked past the timeout, damaged,
     disconnected, a constraint, ...); nothing of it was committed."""
@@ -407,12 +322,10 @@ _INHERITED: list[Any] = []
 _CONNECTION_NUMBERS = itertools.count(1)
 
 
-#: The prebuilt Core statements compiled so far in this process, per dialect (its class,
-#: parameter style and server version), for every kept connection: SQLAlchemy's compile of a
-#: hot-path statement takes 1-2 ms (the FX graph lookup's, ``FIRST_VARIANT``: 1.3-2.0 ms on
-#: the AMD VM), which each new :class:`KeptConnection` (each ``cachedb.installed``, each
-#: database a process opens) paid again on its first lookup before.
-_COMPILED: dict[tuple[Any, ...], tuple[ClauseElement, _Compiled]] = {}
+def _bound_bytes(params: Mapping[str, Any]) -> int:
+    """The bytes of the ``bytes`` and ``str`` values of ``params`` (what a write adds to the
+    WAL, roughly)."""
+    return sum(len(v) for v in params.values() if isinstance(v, (bytes, str)))
 
 
 class KeptConnection:
@@ -477,25 +390,7 @@ class KeptConnection:
         self._pid = os.getpid()
 
     def _compile(self, stmt: ClauseElement) -> _Compiled:
-        dialect = self._engine.dialect
-        cache_key = (id(stmt), type(dialect), dialect.paramstyle, dialect.server_version_info)
-        found = _COMPILED.get(cache_key)
-        if found is not None and found[0] is stmt:
-            return found[1]
-        compiled = stmt.compile(dialect=dialect)
-        positions = getattr(compiled, "positiontup", None)
-        defaults = {k: v for k, v in compiled.params.items() if v is not None}
-        processors: dict[str, Callable[[Any], Any]] = {}
-        for bind, name in compiled.bind_names.items():
-            process = bind.type.dialect_impl(dialect).bind_processor(dialect)
-            if process is not None:
-                if dialect.name == "sqlite" and isinstance(bind.type, DateTime):
-                    process = _sqlite_datetime(process)
-                processors[name] = process
-        names = tuple(positions) if dialect.positional else None
-        entry = _Compiled(compiled.string, names, defaults, processors, _picker(names, defaults, processors))
-        _COMPILED[cache_key] = (stmt, entry)  # keeps stmt alive: its id stays unique
-        return entry
+        return compiled_for(stmt, self._engine.dialect)
 
     def _connection(self) -> Connection:
         conn = self._conn
@@ -537,6 +432,43 @@ class KeptConnection:
                         conn.rollback()
                     except Exception:
                         self._discard()
+                if conn.closed or conn.invalidated:  # SQLAlchemy dropped it: so do fetch/write
+                    self._conn = self._dbapi = self._wal = None
+        finally:
+            self._lock.release()
+
+    @contextmanager
+    def snapshot(self) -> Iterator[Connection | None]:
+        """The kept connection in a read transaction for this block: one consistent snapshot,
+        rolled back at its end (:meth:`cachedb.CacheDB.read` / :meth:`~cachedb.CacheDB.lookup`).
+        ``None`` when it is in use (another thread, a nested block) or closed, as :meth:`acquire`.
+
+        On SQLite the ``BEGIN`` and ``ROLLBACK`` go straight to the driver (~3 µs, against ~15 µs
+        through SQLAlchemy's ``Connection.begin()`` and its events): the repositories' point
+        reads run there too (:mod:`cachedb._prebuilt`). A statement run through SQLAlchemy in
+        the block begins SQLAlchemy's own transaction, which finds the driver's already open
+        and joins it (``_setup_sqlite``'s ``begin`` handler), and is rolled back with it.
+        Elsewhere: ``Connection.begin()``."""
+        if not self._hold():
+            yield None
+            return
+        try:
+            conn = self._connection()
+            dbapi = self._dbapi
+            if self._sqlite and not conn.in_transaction():
+                dbapi.execute("BEGIN")
+            else:
+                conn.begin()
+            try:
+                yield conn
+            finally:
+                try:
+                    if conn.in_transaction():
+                        conn.rollback()  # SQLAlchemy's: ends the driver's transaction too
+                    elif self._sqlite and dbapi.in_transaction:
+                        dbapi.execute("ROLLBACK")
+                except Exception:
+                    self._discard()
                 if conn.closed or conn.invalidated:  # SQLAlchemy dropped it: so do fetch/write
                     self._conn = self._dbapi = self._wal = None
         finally:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -40,49 +39,101 @@ if TYPE_CHECKING:
 
 
 def _session_class() -> type[Session]:
-    """The ORM :class:`~sqlalchemy.orm.Session`, imported on first use: the hot paths
-    (:meth:`CacheDB.lookup`, :meth:`CacheDB.write`) run Core statements, so a compiling
-    process never loads ``sqlalchemy.orm`` (:mod:`cachedb.tables`)."""
-    from sqlalchemy.orm import Session
+    """The ORM :class:`~sqlalchemy.orm.Session` class of :attr:`Repos.session`, made on first
+    use: the hot paths (:meth:`CacheDB.lookup`, :meth:`CacheDB.write`) run Core statements, so
+    a compiling process never loads ``sqlalchemy.orm`` (:mod:`cachedb.tables`).
 
-    return Session
+    Its :meth:`~sqlalchemy.orm.Session.begin_nested` emits the ``SAVEPOINT`` at once, where
+    SQLAlchemy's waits for the Session's next statement: the repositories run their prebuilt
+    statements on the Session's connection (:mod:`cachedb._prebuilt`), and those must fall
+    inside the savepoint the caller asked for."""
+    global _SESSION_CLASS
+    if _SESSION_CLASS is None:
+        from sqlalchemy.orm import Session, SessionTransaction
+
+        class _RepoSession(Session):
+            def begin_nested(self) -> SessionTransaction:
+                transaction = super().begin_nested()
+                self.connection()  # the SAVEPOINT, now
+                return transaction
+
+        _SESSION_CLASS = _RepoSession
+    return _SESSION_CLASS
 
 
-@dataclass(frozen=True)
+_SESSION_CLASS: type[Session] | None = None
+
+
 class Repos:
-    """The repositories of one transaction, all on the same ORM ``Session`` (:meth:`CacheDB.transaction`,
-    :meth:`CacheDB.read`) or Core ``Connection`` (:meth:`CacheDB.lookup`, :meth:`CacheDB.write`)."""
+    """The repositories of one transaction, all on its one connection.
 
-    session: Session | Connection
-    signer: Signer | None = None
+    :meth:`CacheDB.lookup` and :meth:`CacheDB.write` give Repos over a Core ``Connection``.
+    :meth:`CacheDB.read` and :meth:`CacheDB.transaction` give the same, plus an ORM ``Session``
+    on that connection and inside its transaction, made the first time :attr:`session` is
+    asked for (building one costs ~60 µs, more than a point read): the repositories run on the
+    ``Connection`` until then, and on the ``Session`` after, so that what the caller added to
+    it is flushed before their statements (autoflush), as before."""
+
+    __slots__ = ("bind", "signer", "_orm", "_session")
+
+    def __init__(self, bind: Session | Connection, signer: Signer | None = None, *, orm: bool = False) -> None:
+        #: What the repositories run on: the block's Connection, or its Session once made.
+        self.bind: Session | Connection = bind
+        self.signer = signer
+        self._orm = orm
+        self._session: Session | None = None
+
+    @property
+    def session(self) -> Session | Connection:
+        """The ORM ``Session`` of a :meth:`CacheDB.read` / :meth:`CacheDB.transaction` block
+        (made on first use, bound to the block's connection, joined to its transaction; closed
+        with the block, flushed before a transaction commits), else the block's
+        ``Connection``."""
+        if not self._orm:
+            return self.bind
+        if self._session is None:
+            session = _session_class()(bind=self.bind, expire_on_commit=False, autoflush=True)
+            self._session = session
+            self.bind = session
+        return self._session
+
+    def _finish(self, *, flush: bool) -> None:
+        """Flush (on commit) and close the ORM ``Session``, if one was made."""
+        session = self._session
+        if session is not None:
+            try:
+                if flush:
+                    session.flush()
+            finally:
+                session.close()
 
     @property
     def fingerprints(self) -> FingerprintRepository:
-        return FingerprintRepository(self.session)
+        return FingerprintRepository(self.bind)
 
     @property
     def guarded(self) -> GuardedEntryRepository:
-        return GuardedEntryRepository(self.session, self.signer)
+        return GuardedEntryRepository(self.bind, self.signer)
 
     @property
     def timings(self) -> AutotuneTimingRepository:
-        return AutotuneTimingRepository(self.session)
+        return AutotuneTimingRepository(self.bind)
 
     @property
     def local_values(self) -> LocalCacheValueRepository:
-        return LocalCacheValueRepository(self.session)
+        return LocalCacheValueRepository(self.bind)
 
     @property
     def best_configs(self) -> BestConfigRepository:
-        return BestConfigRepository(self.session, self.signer)
+        return BestConfigRepository(self.bind, self.signer)
 
     @property
     def cutlass(self) -> CutlassOpListRepository:
-        return CutlassOpListRepository(self.session)
+        return CutlassOpListRepository(self.bind)
 
     @property
     def artifacts(self) -> KernelArtifactRepository:
-        return KernelArtifactRepository(self.session)
+        return KernelArtifactRepository(self.bind)
 
 
 class CacheDB:
@@ -169,13 +220,19 @@ class CacheDB:
         """A write transaction: commits on success, rolls back on any exception.
 
         On SQLite it starts with ``BEGIN IMMEDIATE``: writers queue for up to the busy
-        timeout rather than failing later on a lock upgrade.
+        timeout rather than failing later on a lock upgrade. The repositories run Core
+        statements on the transaction's connection; ``repos.session`` is an ORM ``Session``
+        on it (made on first use, flushed before the commit).
         """
         with self.engine.connect().execution_options(**{WRITE_OPTION: True}) as conn:
-            with _session_class()(bind=conn, expire_on_commit=False, autoflush=True) as session:
-                with conn.begin():
-                    yield Repos(session, self.signer)
-                    session.flush()
+            with conn.begin():
+                repos = Repos(conn, self.signer, orm=True)
+                try:
+                    yield repos
+                except BaseException:
+                    repos._finish(flush=False)
+                    raise
+                repos._finish(flush=True)
 
     @contextmanager
     def write(self) -> Iterator[Repos]:
@@ -192,35 +249,42 @@ class CacheDB:
     def read(self) -> Iterator[Repos]:
         """A read-only transaction: one consistent snapshot; always rolled back.
 
-        On the connection kept for this process when it is free (no pool checkout, as
-        :meth:`lookup`), else (another thread's, a nested block's) on a pooled one."""
-        with self.kept.acquire() as kept:
+        On the connection kept for this process when it is free (no pool checkout, and on
+        SQLite a ``BEGIN`` / ``ROLLBACK`` of the driver's: :meth:`KeptConnection.snapshot
+        <cachedb._engine.KeptConnection.snapshot>`), else (another thread's, a nested block's)
+        on a pooled one. The repositories run their prebuilt Core statements on it
+        (:mod:`cachedb._prebuilt`); ``repos.session`` is an ORM ``Session`` on it, made on
+        first use."""
+        with self.kept.snapshot() as kept:
             if kept is not None:
-                with _session_class()(bind=kept) as session:
-                    with kept.begin() as txn:
-                        yield Repos(session, self.signer)
-                        txn.rollback()
+                repos = Repos(kept, self.signer, orm=True)
+                try:
+                    yield repos
+                finally:
+                    repos._finish(flush=False)
                 return
         with self.engine.connect() as conn:
-            with _session_class()(bind=conn) as session:
-                with conn.begin() as txn:
-                    yield Repos(session, self.signer)
-                    txn.rollback()
+            with conn.begin() as txn:
+                repos = Repos(conn, self.signer, orm=True)
+                try:
+                    yield repos
+                finally:
+                    repos._finish(flush=False)
+                txn.rollback()
 
     @contextmanager
     def lookup(self) -> Iterator[Repos]:
         """A read-only snapshot for hot paths: the repositories run their prebuilt Core
         statements on a plain :class:`~sqlalchemy.Connection` (no ORM ``Session``).
 
-        The connection is the one kept for this process (:class:`~cachedb._engine.KeptConnection`:
-        no pool checkout), with ``BEGIN`` ... ``ROLLBACK`` around the block so that the
-        snapshot ends with it; a nested block or another thread's gets a pooled connection.
+        The connection is the one kept for this process (:meth:`KeptConnection.snapshot
+        <cachedb._engine.KeptConnection.snapshot>`: no pool checkout), with ``BEGIN`` ...
+        ``ROLLBACK`` around the block so that the snapshot ends with it; a nested block or
+        another thread's gets a pooled connection.
         """
-        with self.kept.acquire() as kept:
+        with self.kept.snapshot() as kept:
             if kept is not None:
-                with kept.begin() as txn:
-                    yield Repos(kept, self.signer)
-                    txn.rollback()
+                yield Repos(kept, self.signer)
                 return
         with self.engine.connect() as conn:
             with conn.begin() as txn:

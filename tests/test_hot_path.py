@@ -23,7 +23,8 @@ from sqlalchemy import DateTime
 from sqlalchemy.dialects.sqlite import dialect as sqlite_dialect
 
 from cachedb import CacheDB
-from cachedb._engine import _sqlite_datetime, begin_immediate
+from cachedb._engine import begin_immediate
+from cachedb._prebuilt import _sqlite_datetime
 from cachedb.fingerprint import current as current_fingerprint
 from cachedb.live._store import LazyOpTimings, LiveStore
 from cachedb.models import BestConfig
@@ -549,7 +550,7 @@ def test_a_statement_is_compiled_once_per_process_and_dialect(tmp_path: Path, pg
     dialect (SQLAlchemy's compile of the FX graph lookup takes 1-2 ms): a second SQLite
     database's first lookup compiles nothing, and reads its own rows; PostgreSQL gets a
     compiled form of its own (its parameter style) and reads its rows too."""
-    from cachedb import _engine
+    from cachedb import _prebuilt
     from cachedb.repositories import guarded as guarded_repo
 
     stores = [LiveStore(str(tmp_path / f"c{i}.db"), trust=True, write_behind=False) for i in range(2)]
@@ -562,13 +563,13 @@ def test_a_statement_is_compiled_once_per_process_and_dialect(tmp_path: Path, pg
     sqlite_a, sqlite_b, pg = (store.db.kept for store in stores)
     first = sqlite_a._compile(guarded_repo.FIRST_VARIANT)
     sqlite_variants = sqlite_a._compile(guarded_repo.VARIANTS)
-    before = dict(_engine._COMPILED)
+    before = dict(_prebuilt._COMPILED)
     assert sqlite_b._compile(guarded_repo.FIRST_VARIANT) is first
     for store, entry in zip(stores, entries):
         assert [c for _, c in store.guarded_candidates("fxgraph", "fcompiled")] == [entry]
     pg_compiled = pg._compile(guarded_repo.VARIANTS)
     assert "%(kind)s" in pg_compiled.sql and "?" in sqlite_variants.sql
-    added = set(_engine._COMPILED) - set(before)
+    added = set(_prebuilt._COMPILED) - set(before)
     assert all(key[1] is type(pg._engine.dialect) for key in added)  # SQLite compiled nothing new
     for store in stores:
         store.close()

@@ -179,3 +179,56 @@ def test_cutlass_op_lists(db: CacheDB) -> None:
     with db.read() as repos:
         assert repos.session.execute(text("SELECT count(*) FROM cutlass_ops")).scalar() == 0
         assert repos.cutlass.get("b15d29dd") == b"[]"
+
+
+def test_read_is_one_snapshot_and_ends_with_its_block(sqlite_db: CacheDB) -> None:
+    """``CacheDB.read()`` on the kept connection (SQLite: the driver's own BEGIN, point reads
+    on the driver): every statement of the block, the repositories' and the ORM Session's,
+    reads the snapshot its first read took, although another connection commits meanwhile;
+    the block leaves no transaction open, and the next block reads the new row."""
+    from sqlalchemy import select
+
+    from cachedb.models import BestConfig
+
+    key = "ab/snap.best_config"
+    with sqlite_db.transaction() as repos:
+        repos.best_configs.put(key, '{"num_warps": 1}')
+    with sqlite_db.read() as repos:
+        assert repos.best_configs.get(key) == '{"num_warps": 1}'
+        with sqlite_db.transaction() as other:  # a pooled connection: the reader is the kept one
+            assert other.best_configs.put(key, '{"num_warps": 2}') is True
+        assert repos.best_configs.get(key) == '{"num_warps": 1}'
+        assert repos.session.scalars(select(BestConfig.content).where(BestConfig.key == key)).one() == '{"num_warps": 1}'
+        assert repos.best_configs.get(key) == '{"num_warps": 1}'
+    assert sqlite_db.kept._dbapi is not None and not sqlite_db.kept._dbapi.in_transaction
+    with sqlite_db.read() as repos:
+        assert repos.best_configs.get(key) == '{"num_warps": 2}'
+    with sqlite_db.lookup() as repos:
+        assert repos.best_configs.get(key) == '{"num_warps": 2}'
+    assert not sqlite_db.kept._dbapi.in_transaction
+
+
+def test_session_savepoints_hold_repository_writes(db: CacheDB) -> None:
+    """In ``CacheDB.transaction()`` the repositories run on the block's connection, and
+    ``repos.session`` (made on first use) shares it: a savepoint begun through the Session
+    holds the repositories' writes (rolled back with it), and what the caller added to the
+    Session is flushed before a repository reads."""
+    from cachedb.models import BestConfig
+    from cachedb.tables import utcnow
+
+    with db.transaction() as repos:
+        configs = repos.best_configs  # taken before the Session exists: runs on the connection
+        assert configs.put("ab/kept.best_config", '{"num_warps": 4}') is True
+        with pytest.raises(RuntimeError):
+            with repos.session.begin_nested():
+                assert configs.put("ab/undone.best_config", '{"num_warps": 8}') is True
+                assert configs.get("ab/undone.best_config") == '{"num_warps": 8}'
+                raise RuntimeError("roll the savepoint back")
+        now = utcnow()
+        repos.session.add(BestConfig(key="ab/orm.best_config", content='{"num_warps": 2}', created_at=now,
+                                     updated_at=now))
+        assert repos.best_configs.get("ab/orm.best_config") == '{"num_warps": 2}'
+    with db.read() as repos:
+        assert repos.best_configs.get("ab/kept.best_config") == '{"num_warps": 4}'
+        assert repos.best_configs.get("ab/undone.best_config") is None
+        assert repos.best_configs.get("ab/orm.best_config") == '{"num_warps": 2}'

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import bindparam, delete, exists, func, insert, select, update
 
+from .. import _prebuilt
 from .._bulk import dialect_insert
 from .._engine import connection_of
 from .._errors import CorruptBlobError, CorruptPayloadError
@@ -193,18 +194,16 @@ class KernelArtifactRepository:
         """Every file of key directory ``key`` as ``{name: bytes}`` (empty: not stored), in
         one query. Raises :class:`~cachedb.CorruptBlobError` naming the first file whose
         bytes fail their SHA-256 (the caller serves none of the directory then)."""
-        rows = self.session.execute(_KEY_FILES, {"kind": kind, "host_key": host_key, "key": key}).all()
+        rows = _prebuilt.fetch(self.session, _KEY_FILES, {"kind": kind, "host_key": host_key, "key": key})
         return {name: _unpack(blob, size, digest, f"{kind}/{key}/{name}")
                 for name, digest, blob, size in rows}
 
     def get_file(self, kind: str, key: str, name: str, *, host_key: str = "") -> bytes | None:
         """One file's bytes, or ``None``. Raises :class:`~cachedb.CorruptBlobError`."""
-        row = self.session.execute(
-            _ONE_FILE, {"kind": kind, "host_key": host_key, "key": key, "name": name}
-        ).first()
-        if row is None:
+        rows = _prebuilt.fetch(self.session, _ONE_FILE, {"kind": kind, "host_key": host_key, "key": key, "name": name})
+        if not rows:
             return None
-        name, digest, blob, size = row
+        name, digest, blob, size = rows[0]
         return _unpack(blob, size, digest, f"{kind}/{key}/{name}")
 
     def iter_all(self, kind: str | None = None) -> Iterator[KernelFile]:

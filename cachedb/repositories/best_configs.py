@@ -12,6 +12,7 @@ from sqlalchemy import bindparam, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.sql import Insert
 
+from .. import _prebuilt
 from .._bulk import bulk_insert, dialect_insert
 from .._engine import connection_of, holds_write_lock
 from .._errors import BadInputError, CorruptPayloadError
@@ -163,9 +164,14 @@ class BestConfigRepository:
         :class:`~cachedb.BadInputError` for a key that is not a relative path inside the
         cache directory ending in ``.best_config``, or content that is not a JSON object.
         ``columns``: :func:`prepare_columns` of this key and content, computed before the write
-        transaction (by default computed here)."""
+        transaction (by default computed here). On SQLite and PostgreSQL one upsert
+        (:func:`upsert_for`, as the live put), run on the driver (:mod:`cachedb._prebuilt`);
+        elsewhere a read, then an INSERT or UPDATE."""
         if columns is None:
             columns = prepare_columns(self.signer, key, content)
+        upsert = upsert_for(connection_of(self.session).dialect.name)
+        if upsert is not None:  # one statement, no read first (SQLite, PostgreSQL)
+            return _prebuilt.execute(self.session, upsert, upsert_params(key, content, columns, fingerprint_id)) > 0
         found = self.session.execute(_ROW, {"key": key}).first()
         now = utcnow()
         if found is None:
@@ -232,8 +238,8 @@ class BestConfigRepository:
     def get(self, key: str) -> str | None:
         """The JSON text stored at ``key``, or ``None``. Raises
         :class:`~cachedb.CorruptPayloadError` when signing is on and the signature fails."""
-        row = self.session.execute(_GET, {"key": key}).first()
-        return None if row is None else self._check(key, row.content, row.signature)
+        rows = _prebuilt.fetch(self.session, _GET, {"key": key})
+        return self._check(key, rows[0][0], rows[0][1]) if rows else None
 
     def iter_all(self) -> Iterator[tuple[str, str]]:
         """``(key, content)`` of every best config, by key."""

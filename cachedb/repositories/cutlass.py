@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import bindparam, delete, insert, select
 
+from .. import _prebuilt
 from .._payload import pack, unpack
 from ..cutlass_ops import CutlassOpRow
 from .. import tables
@@ -74,10 +75,11 @@ class CutlassOpListRepository:
         """The op list's exact bytes, or ``None``; raises
         :class:`~cachedb.CorruptPayloadError` if the stored payload fails its checksum
         (``full``: checked by the SHA-256 of the content, :func:`cachedb._payload.unpack`)."""
-        row = self.session.execute(_GET, {"request_key": request_key}).first()
-        if row is None:
+        rows = _prebuilt.fetch(self.session, _GET, {"request_key": request_key})
+        if not rows:
             return None
-        return unpack(row.payload, row.size_bytes, row.checksum, where=f"configs_{request_key}.json", full=full)
+        payload, size_bytes, checksum = rows[0]
+        return unpack(payload, size_bytes, checksum, where=f"configs_{request_key}.json", full=full)
 
     def request_keys(self) -> list[str]:
         return list(self.session.execute(select(_L.c.request_key).order_by(_L.c.request_key)).scalars())

@@ -13,6 +13,7 @@ from sqlalchemy import Connection, and_, bindparam, case, delete, func, insert, 
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.sql import ColumnElement, Insert, Select
 
+from .. import _prebuilt
 from .._bulk import bulk_insert_values, dialect_insert
 from .._engine import connection_of, holds_write_lock
 from .._errors import CorruptPayloadError
@@ -312,9 +313,10 @@ class GuardedEntryRepository:
         digest = hashlib.sha256(payload).digest()
         variant = sha256_digest_name(digest)
         params = {"kind": kind, "key": key, "variant": variant}
-        if self.session.execute(_EXISTS, params).first() is not None:
+        if _prebuilt.fetch(self.session, _EXISTS, params):
             return variant, False
-        packed = pack(payload, digest=digest, level=guarded_level(len(payload), _dialect(self.session)))
+        dialect = _dialect(self.session)
+        packed = pack(payload, digest=digest, level=guarded_level(len(payload), dialect))
         now = utcnow()
         row = {
             **params,
@@ -331,6 +333,9 @@ class GuardedEntryRepository:
             "fingerprint_id": fingerprint_id,
             "signature": self.signer.guarded(kind, key, variant, packed.checksum) if self.signer else None,
         }
+        insert_new = insert_new_for(dialect)
+        if insert_new is not None:  # one statement: a variant inserted meanwhile is kept
+            return variant, _prebuilt.execute(self.session, insert_new, row) > 0
         try:
             with self.session.begin_nested():  # another writer may insert the same variant first
                 self.session.execute(_INSERT, row)
@@ -388,7 +393,7 @@ class GuardedEntryRepository:
         """Store a :class:`PreparedVariant` (one existence check, one INSERT). Returns
         ``(variant, inserted)``; False when that variant was already stored."""
         params = {"kind": prepared.kind, "key": prepared.key, "variant": prepared.variant}
-        if self.session.execute(_EXISTS, params).first() is not None:
+        if _prebuilt.fetch(self.session, _EXISTS, params):
             return prepared.variant, False
         now = utcnow()
         row = {**prepared.row, "created_at": now, "last_used_at": now}
@@ -432,7 +437,7 @@ class GuardedEntryRepository:
         """Like :meth:`candidates`, but each payload is decompressed and verified only when
         its loader is called (raising :class:`~cachedb.CorruptPayloadError` then). ``full``:
         verify by the SHA-256 of the content (``cachedb verify``)."""
-        rows = self.session.execute(_VARIANTS, {"kind": kind, "key": key}).all()
+        rows = _prebuilt.fetch(self.session, _VARIANTS, {"kind": kind, "key": key})
         out = [
             (v, functools.partial(load_variant, self.signer, kind, key, v, blob, size, digest, signature, full=full))
             for v, blob, size, digest, signature, _id in rows

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, bindparam, func, insert, select, text
 
+from .. import _prebuilt
 from .._bulk import bulk_insert, matching, utc
 from .._engine import connection_of
 from .._local_cache_doc import TimingLeaf
@@ -201,8 +202,9 @@ class AutotuneTimingRepository:
             "precision": precision,
             "hint_override": hint_override,
         }
-        rows = self.session.execute(stmt, params)
-        return {choice: ms for choice, ms in rows}
+        if len(ids) == 1:  # no expanding IN list: the prebuilt statement on the driver
+            return {choice: ms for choice, ms in _prebuilt.fetch(self.session, stmt, params)}
+        return {choice: ms for choice, ms in self.session.execute(stmt, params)}
 
     def current_paths(self, fingerprint_ids: Iterable[int]) -> dict[tuple, tuple[float, int]]:
         """``{(op, inputs, hint_override, precision, choice_hash): (current ms, first position)}``."""
