@@ -331,8 +331,8 @@ def _bound_bytes(params: Mapping[str, Any]) -> int:
 class KeptConnection:
     """One database connection kept open for the life of a process, for the hot paths.
 
-    A pooled ``CacheDB`` call costs a pool checkout, ``BEGIN``, an ORM session and a rollback
-    around a ~20 µs SELECT; this connection is opened once and reused (``CacheDB.read()`` and
+    A pooled connection costs a checkout, and SQLAlchemy's ``BEGIN`` and rollback, around a
+    ~10 µs SELECT; this connection is opened once and reused (``CacheDB.read()`` and
     ``CacheDB.lookup()`` take it when it is free):
 
     - :meth:`fetch` runs a prebuilt Core ``SELECT`` (compiled once per statement and dialect
@@ -344,7 +344,8 @@ class KeptConnection:
       on SQLite ``BEGIN IMMEDIATE`` (queued with short sleeps, :func:`begin_immediate`), the
       statement, ``COMMIT``: the write lock is held for that one statement only.
     - :meth:`acquire` lends the connection as a SQLAlchemy :class:`~sqlalchemy.Connection` for
-      a block (``CacheDB.lookup``: BEGIN ... ROLLBACK on the kept connection).
+      a block; :meth:`snapshot` lends it inside a read transaction (``CacheDB.read`` /
+      ``CacheDB.lookup``: on SQLite the driver's BEGIN ... ROLLBACK).
     - :meth:`version` and :meth:`fetch_versioned` tell, on SQLite, whether another connection
       committed since a given moment (``PRAGMA data_version``), for process-local copies that
       must see other processes' writes (:mod:`cachedb.live._best_configs`).
