@@ -456,8 +456,11 @@ class KeptConnection:
         try:
             conn = self._connection()
             dbapi = self._dbapi
-            if self._sqlite and not conn.in_transaction():
-                dbapi.execute("BEGIN")
+            if self._sqlite:
+                try:
+                    dbapi.execute("BEGIN")
+                except sqlite3.Error as exc:  # as SQLAlchemy's begin (_setup_sqlite) raises it
+                    raise SAOperationalError("BEGIN", None, exc) from exc
             else:
                 conn.begin()
             try:

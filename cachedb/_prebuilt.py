@@ -59,7 +59,6 @@ class _Compiled:
         return merged
 
 
-
 #: The last datetime :func:`_sqlite_datetime` formatted and its text: a write binds the same
 #: ``utcnow()`` to several columns (replaced whole, so threads never see a torn pair).
 _LAST_DATETIME: tuple[Any, str] = (None, "")
@@ -90,8 +89,6 @@ def _sqlite_datetime(fallback: Callable[[Any], Any]) -> Callable[[Any], Any]:
     return process
 
 
-
-
 def _picker(
     names: tuple[str, ...] | None, defaults: Mapping[str, Any], processors: Mapping[str, Any]
 ) -> Callable[[Mapping[str, Any]], tuple[Any, ...]] | None:
@@ -106,12 +103,12 @@ def _picker(
     return get  # type: ignore[return-value]
 
 
-
 #: The prebuilt Core statements compiled so far in this process, per dialect (its class,
-#: parameter style and server version), for every kept connection and every repository statement run through :func:`fetch` / :func:`execute`: SQLAlchemy's compile of a
-#: hot-path statement takes 1-2 ms (the FX graph lookup's, ``FIRST_VARIANT``: 1.3-2.0 ms on
-#: the AMD VM), which each new :class:`KeptConnection` (each ``cachedb.installed``, each
-#: database a process opens) paid again on its first lookup before.
+#: parameter style and server version), for every kept connection and every statement run
+#: through :func:`fetch` / :func:`execute`: SQLAlchemy's compile of a hot-path statement takes
+#: 1-2 ms (the FX graph lookup's, ``FIRST_VARIANT``: 1.3-2.0 ms on the AMD VM), which each new
+#: :class:`~cachedb._engine.KeptConnection` (each ``cachedb.installed``, each database a
+#: process opens) paid again on its first lookup before.
 _COMPILED: dict[tuple[Any, ...], tuple[ClauseElement, _Compiled]] = {}
 
 
