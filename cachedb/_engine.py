@@ -266,15 +266,6 @@ def connection_of(bind: Any) -> Connection:
     return bind if isinstance(bind, Connection) else bind.connection()
 
 
-def holds_write_lock(bind: Any) -> bool:
-    """Whether the transaction of ``bind`` (a :class:`~sqlalchemy.Connection` or an ORM
-    ``Session``) holds the database's only write lock since its BEGIN (SQLite, begun with
-    :data:`WRITE_OPTION`: ``BEGIN IMMEDIATE``). Then no other writer can insert between a
-    check and an INSERT, and a repository can skip the SAVEPOINT that guards that race."""
-    conn = connection_of(bind)
-    return conn.dialect.name == "sqlite" and bool(conn.get_execution_options().get(WRITE_OPTION, False))
-
-
 def set_read_only(conn: Connection) -> None:
     """Make the current transaction of ``conn`` refuse writes (for user-supplied SQL)."""
     if conn.dialect.name == "sqlite":
@@ -343,9 +334,9 @@ class KeptConnection:
     - :meth:`write` runs one prebuilt Core statement (an upsert) in its own write transaction:
       on SQLite ``BEGIN IMMEDIATE`` (queued with short sleeps, :func:`begin_immediate`), the
       statement, ``COMMIT``: the write lock is held for that one statement only.
-    - :meth:`acquire` lends the connection as a SQLAlchemy :class:`~sqlalchemy.Connection` for
-      a block; :meth:`snapshot` lends it inside a read transaction (``CacheDB.read`` /
-      ``CacheDB.lookup``: on SQLite the driver's BEGIN ... ROLLBACK).
+    - :meth:`snapshot` lends the connection as a SQLAlchemy :class:`~sqlalchemy.Connection`
+      for a block, inside a read transaction (``CacheDB.read`` / ``CacheDB.lookup``: on SQLite
+      the driver's BEGIN ... ROLLBACK).
     - :meth:`version` and :meth:`fetch_versioned` tell, on SQLite, whether another connection
       committed since a given moment (``PRAGMA data_version``), for process-local copies that
       must see other processes' writes (:mod:`cachedb.live._best_configs`).
@@ -416,33 +407,11 @@ class KeptConnection:
                 pass
 
     @contextmanager
-    def acquire(self) -> Iterator[Connection | None]:
-        """The kept connection for this block, or ``None`` when it is in use (another thread,
-        a nested block) or closed: the caller then takes a pooled connection. The block must
-        leave no transaction open (one still open is rolled back)."""
-        if not self._hold():
-            yield None
-            return
-        try:
-            conn = self._connection()
-            try:
-                yield conn
-            finally:
-                if conn.in_transaction():
-                    try:
-                        conn.rollback()
-                    except Exception:
-                        self._discard()
-                if conn.closed or conn.invalidated:  # SQLAlchemy dropped it: so do fetch/write
-                    self._conn = self._dbapi = self._wal = None
-        finally:
-            self._lock.release()
-
-    @contextmanager
     def snapshot(self) -> Iterator[Connection | None]:
         """The kept connection in a read transaction for this block: one consistent snapshot,
         rolled back at its end (:meth:`cachedb.CacheDB.read` / :meth:`~cachedb.CacheDB.lookup`).
-        ``None`` when it is in use (another thread, a nested block) or closed, as :meth:`acquire`.
+        ``None`` when it is in use (another thread, a nested block) or closed: the caller then
+        takes a pooled connection.
 
         On SQLite the ``BEGIN`` and ``ROLLBACK`` go straight to the driver (~3 µs, against ~15 µs
         through SQLAlchemy's ``Connection.begin()`` and its events): the repositories' point

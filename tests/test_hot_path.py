@@ -452,7 +452,7 @@ def test_hot_paths_reopen_after_sqlalchemy_dropped_the_lent_connection(db: Cache
     with db.transaction() as repos:
         repos.best_configs.put("ab/k.best_config", CONFIG.decode())
     assert db.kept.fetch(best_configs_repo.GET_BY_KEY, {"key": "ab/k.best_config"})[0][0] == CONFIG.decode()
-    with db.kept.acquire() as conn:
+    with db.kept.snapshot() as conn:
         assert conn is not None
         conn.invalidate()  # what SQLAlchemy does to a connection after a disconnect error
     rows = db.kept.fetch(best_configs_repo.GET_BY_KEY, {"key": "ab/k.best_config"})
@@ -783,7 +783,7 @@ def test_a_large_variant_is_read_in_place_and_checked(tmp_path: Path, monkeypatc
         from cachedb.live import _seams
 
         store = _seams._active_store()
-        with store.db.kept.acquire() as held:  # another thread's use: the lookup takes a pooled connection
+        with store.db.kept.snapshot() as held:  # another thread's use: the lookup takes a pooled connection
             assert held is not None
             assert [content for _, content in store.guarded_candidates("fxgraph", key)] == payloads
     raw = sqlite3.connect(db_path)

@@ -347,7 +347,7 @@ class LiveStore:
             db = self.db
             fp_id = self._known_fingerprint_id()
             # Hash (once), scan, compress and sign before BEGIN IMMEDIATE: the write lock is
-            # held only for the INSERT (and the existence check, on the paths through db.write()).
+            # held only for the INSERT (and the fingerprint and hit counts, through db.write()).
             prepared = guarded_repo.prepare_pickled(
                 kind, key, content, signer=db.signer, fingerprint_id=fp_id, own=True,
                 dialect=db.engine.dialect.name,

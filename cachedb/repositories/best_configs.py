@@ -14,7 +14,7 @@ from sqlalchemy.sql import Insert
 
 from .. import _prebuilt
 from .._bulk import bulk_insert, dialect_insert
-from .._engine import connection_of, holds_write_lock
+from .._engine import connection_of
 from .._errors import BadInputError, CorruptPayloadError
 from .._signing import Signer
 from .. import tables
@@ -166,7 +166,8 @@ class BestConfigRepository:
         ``columns``: :func:`prepare_columns` of this key and content, computed before the write
         transaction (by default computed here). On SQLite and PostgreSQL one upsert
         (:func:`upsert_for`, as the live put), run on the driver (:mod:`cachedb._prebuilt`);
-        elsewhere a read, then an INSERT or UPDATE."""
+        elsewhere a read, then an INSERT (in a SAVEPOINT: another writer may insert the key
+        first) or an UPDATE."""
         if columns is None:
             columns = prepare_columns(self.signer, key, content)
         upsert = upsert_for(connection_of(self.session).dialect.name)
@@ -177,9 +178,6 @@ class BestConfigRepository:
         if found is None:
             row = {"key": key, "content": content, "fingerprint_id": fingerprint_id,
                    "created_at": now, "updated_at": now, **columns}
-            if holds_write_lock(self.session):  # no other writer can insert the key meanwhile
-                self.session.execute(_INSERT, row)
-                return True
             try:
                 with self.session.begin_nested():  # another writer may insert the key first
                     self.session.execute(_INSERT, row)

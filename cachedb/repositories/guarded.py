@@ -15,7 +15,7 @@ from sqlalchemy.sql import ColumnElement, Insert, Select
 
 from .. import _prebuilt
 from .._bulk import bulk_insert_values, dialect_insert
-from .._engine import connection_of, holds_write_lock
+from .._engine import connection_of
 from .._errors import CorruptPayloadError
 from .._payload import STREAM_PAYLOAD_BYTES, BlobSource, PackingAside, guarded_level, pack, unpack, unpack_from
 from .._own_pickle import read_own_entry_fields
@@ -333,15 +333,7 @@ class GuardedEntryRepository:
             "fingerprint_id": fingerprint_id,
             "signature": self.signer.guarded(kind, key, variant, packed.checksum) if self.signer else None,
         }
-        insert_new = insert_new_for(dialect)
-        if insert_new is not None:  # one statement: a variant inserted meanwhile is kept
-            return variant, _prebuilt.execute(self.session, insert_new, row) > 0
-        try:
-            with self.session.begin_nested():  # another writer may insert the same variant first
-                self.session.execute(_INSERT, row)
-        except IntegrityError:
-            return variant, False
-        return variant, True
+        return variant, self._insert(row, dialect)
 
     def put_many_pickled(self, entries: Sequence[ScannedPayload], *, fingerprint_id: int | None = None) -> list[bool]:
         """Store many scanned pickled entries at once (bulk import): one query per 500 keys
@@ -390,22 +382,24 @@ class GuardedEntryRepository:
         return added
 
     def put_prepared(self, prepared: PreparedVariant) -> tuple[str, bool]:
-        """Store a :class:`PreparedVariant` (one existence check, one INSERT). Returns
-        ``(variant, inserted)``; False when that variant was already stored."""
-        params = {"kind": prepared.kind, "key": prepared.key, "variant": prepared.variant}
-        if _prebuilt.fetch(self.session, _EXISTS, params):
-            return prepared.variant, False
-        now = utcnow()
-        row = {**prepared.row, "created_at": now, "last_used_at": now}
-        if holds_write_lock(self.session):  # no other writer can insert it meanwhile
-            self.session.execute(_INSERT, row)
-            return prepared.variant, True
+        """Store a :class:`PreparedVariant` (one INSERT). Returns ``(variant, inserted)``;
+        False when that variant was already stored."""
+        return prepared.variant, self._insert(insert_params(prepared), _dialect(self.session))
+
+    def _insert(self, row: dict[str, Any], dialect: str) -> bool:
+        """INSERT the variant ``row`` (:data:`_INSERT_COLUMNS`) unless its (kind, key, variant)
+        is stored; whether it was added. One ``INSERT ... ON CONFLICT DO NOTHING`` where the
+        dialect has it (:func:`insert_new_for`), run on the driver; elsewhere an INSERT in a
+        SAVEPOINT, since another writer may insert the same variant first."""
+        insert_new = insert_new_for(dialect)
+        if insert_new is not None:
+            return _prebuilt.execute(self.session, insert_new, row) > 0
         try:
-            with self.session.begin_nested():  # another writer may insert the same variant first
+            with self.session.begin_nested():
                 self.session.execute(_INSERT, row)
         except IntegrityError:
-            return prepared.variant, False
-        return prepared.variant, True
+            return False
+        return True
 
     def put_pickled(
         self, kind: str, key: str, payload: bytes, *, fingerprint_id: int | None = None, where: str | None = None
