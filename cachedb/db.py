@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -96,6 +96,15 @@ class Repos:
             self._session = session
             self.bind = session
         return self._session
+
+    def savepoint(self) -> AbstractContextManager[object]:
+        """A ``SAVEPOINT`` for the ``with`` block: released when it ends, rolled back (and the
+        exception passed on) when it raises, so one refused write leaves the rest of the
+        transaction as it was. On the ORM ``Session`` once one was made (its pending objects
+        flushed inside), else on the block's ``Connection``: an import or a Mega-Cache load
+        writes through the repositories alone and never loads ``sqlalchemy.orm`` (~0.09 s of
+        a ``cachedb import`` process)."""
+        return self.bind.begin_nested()
 
     def _finish(self, *, flush: bool) -> None:
         """Flush (on commit) and close the ORM ``Session``, if one was made."""

@@ -262,7 +262,7 @@ def _store(
     added or unchanged under its kind."""
     results: list[bool | None]
     try:
-        with repos.session.begin_nested():
+        with repos.savepoint():
             results = list(store_many([value for _, value in checked]))
     except Exception as exc:  # noqa: BLE001 - bad input fails in many ways
         if input_error_reason(exc) is None:
@@ -270,7 +270,7 @@ def _store(
         results = []
         for item, value in checked:
             try:
-                with repos.session.begin_nested():
+                with repos.savepoint():
                     results.append(store_one(value))
             except Exception as one_exc:  # noqa: BLE001
                 reason = input_error_reason(one_exc)
@@ -470,7 +470,7 @@ class Importer:
             report.unchanged[label] += len(files) - added
         for item, data in others:
             try:
-                with repos.session.begin_nested():
+                with repos.savepoint():
                     self._import_one(repos, item, data, fp_id, report)
             except Exception as exc:  # noqa: BLE001 - bad input fails in many ways
                 reason = input_error_reason(exc)
@@ -507,7 +507,7 @@ class Importer:
         if fp is None or fp.system_hash != system["hash"]:
             fp = Fingerprint(system=system)
         fp_id = repos.fingerprints.ensure(fp)
-        timings, values = doc.split_cache(cache, start=next_position(repos.session))
+        timings, values = doc.split_cache(cache, start=next_position(repos.bind))
         added = repos.timings.add_leaves(fp_id, timings)
         report.added["autotune_timings"] += added
         report.unchanged["autotune_timings"] += len(timings) - added

@@ -295,7 +295,7 @@ def import_artifacts(
             for artifact in artifacts:
                 key, content = artifact.key, bytes(artifact.content)
                 try:
-                    with repos.session.begin_nested():
+                    with repos.savepoint():
                         _store_one(repos, type_, key, content, fp_id, report)
                 except Exception as exc:  # noqa: BLE001 - bad input fails in many ways
                     reason = input_error_reason(exc)
