@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from sqlalchemy import text, update
+from sqlalchemy import Connection, text, update
 
 from cachedb import CacheDB, CorruptPayloadError
 from cachedb.cutlass_ops import CutlassOpRow
@@ -232,3 +232,29 @@ def test_session_savepoints_hold_repository_writes(db: CacheDB) -> None:
         assert repos.best_configs.get("ab/kept.best_config") == '{"num_warps": 4}'
         assert repos.best_configs.get("ab/undone.best_config") is None
         assert repos.best_configs.get("ab/orm.best_config") == '{"num_warps": 2}'
+
+
+@pytest.mark.parametrize("with_session", [False, True])
+def test_repos_savepoint_undoes_only_its_block(db: CacheDB, with_session: bool) -> None:
+    """``Repos.savepoint()``: a ``SAVEPOINT`` on the block's connection (what the importer's
+    batches use, no ORM), or on the ORM ``Session`` once one was made. An error inside undoes
+    the savepoint's writes alone, the rest of the transaction commits, and a block that ends
+    normally keeps its writes."""
+    with db.transaction() as repos:
+        if with_session:
+            session = repos.session  # made now: the repositories and the savepoint go through it
+            assert repos.bind is session
+        else:
+            assert isinstance(repos.bind, Connection)
+        assert repos.best_configs.put("aa/kept.best_config", '{"num_warps": 1}') is True
+        with pytest.raises(RuntimeError):
+            with repos.savepoint():
+                assert repos.best_configs.put("bb/undone.best_config", '{"num_warps": 2}') is True
+                raise RuntimeError("roll the savepoint back")
+        with repos.savepoint():
+            assert repos.best_configs.put("cc/released.best_config", '{"num_warps": 4}') is True
+        assert repos.best_configs.get("bb/undone.best_config") is None
+    with db.read() as repos:
+        assert repos.best_configs.get("aa/kept.best_config") == '{"num_warps": 1}'
+        assert repos.best_configs.get("bb/undone.best_config") is None
+        assert repos.best_configs.get("cc/released.best_config") == '{"num_warps": 4}'
