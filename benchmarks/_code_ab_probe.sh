@@ -15,14 +15,14 @@
 # folder; both trees read the same schema. Needs .whl/ (benchmarks/README.md). Keeps its
 # state in /tmp/code-ab between calls on a warm machine.
 set -uo pipefail
-PHASE=${1:?cold or pairs}; OLD=${2:-}; ROUNDS=${3:-2}
+PHASE=${1:?cold, pairs or pyc}; OLD=${2:-}; ROUNDS=${3:-2}
 MODELS=mlp_autotune,transformer,dynamic_gpu
 W=/tmp/code-ab; NEW=$PWD
 if [ ! -d /tmp/site ]; then
   python3 -m pip install -q --no-index --no-deps --no-cache-dir --target /tmp/site .whl/*.whl >/dev/null 2>&1 || exit 1
 fi
 python3 -m compileall -q -j 0 /tmp/site "$NEW/cachedb" "$NEW/benchmarks" "$NEW/migrations" > /dev/null
-[ -n "$OLD" ] && python3 -m compileall -q -j 0 "$NEW/$OLD/cachedb" "$NEW/$OLD/benchmarks" "$NEW/$OLD/migrations" > /dev/null
+[ -n "$OLD" ] && [ "$OLD" != - ] && python3 -m compileall -q -j 0 "$NEW/$OLD/cachedb" "$NEW/$OLD/benchmarks" "$NEW/$OLD/migrations" > /dev/null
 export PYTHONUNBUFFERED=1
 child() {  # TREE NAME MODE ARGS...: one _warm_child in TREE; prints first calls, wall, per-model s
   local tree=$1 name=$2 mode=$3; shift 3; local tmp=${CHILD_TMP:-$W/tmp-$name}; mkdir -p "$tmp"

@@ -100,10 +100,10 @@ class Repos:
     def savepoint(self) -> AbstractContextManager[object]:
         """A ``SAVEPOINT`` for the ``with`` block: released when it ends, rolled back (and the
         exception passed on) when it raises, so one refused write leaves the rest of the
-        transaction as it was. On the ORM ``Session`` once one was made (its pending objects
-        flushed inside), else on the block's ``Connection``: an import or a Mega-Cache load
-        writes through the repositories alone and never loads ``sqlalchemy.orm`` (~0.09 s of
-        a ``cachedb import`` process)."""
+        transaction as it was. On the ORM ``Session`` once one was made (what was added to it
+        is flushed first, as ``Session.begin_nested`` does), else on the block's
+        ``Connection``: an import or a Mega-Cache load writes through the repositories alone
+        and never loads ``sqlalchemy.orm`` (~0.09 s of a ``cachedb import`` process)."""
         return self.bind.begin_nested()
 
     def _finish(self, *, flush: bool) -> None:

@@ -219,10 +219,11 @@ def test_cachedb_import_loads_no_orm(real_cache: tuple[Path, dict], tmp_path: Pa
         "finally:\n"
         "    open(sys.argv[1], 'w').write(json.dumps(sorted(sys.modules)))\n"
     )
-    subprocess.run(
+    done = subprocess.run(
         [sys.executable, "-c", script, str(modules), "--db", str(db_path), "import", "--workers", workers, str(cache_dir)],
-        check=True, capture_output=True, timeout=300,
+        capture_output=True, text=True, timeout=300,
     )
+    assert done.returncode == 0, done.stderr[-2000:]
     loaded = json.loads(modules.read_text())
     assert {"cachedb.importer", "cachedb.repositories.guarded", "sqlalchemy.engine"} <= set(loaded)
     assert [m for m in loaded if m.startswith("sqlalchemy.orm") or m == "cachedb.models"] == []
