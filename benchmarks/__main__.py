@@ -87,6 +87,38 @@ def _compile_bytecode() -> str:
     return f"{written}{' (PYTHONDONTWRITEBYTECODE is set)' if sys.dont_write_bytecode else ''}"
 
 
+def _installed_bytecode() -> str:
+    """Give the run the bytecode of torch and every other installed module, as ``pip install``
+    leaves them, where the installation has none; say which for the report.
+
+    The GPU machine's torch comes without ``__pycache__`` and that machine sets
+    ``PYTHONDONTWRITEBYTECODE=1``, so every process of a §1 sample there compiled ~2,200 torch
+    modules from source: ~9 s of a warm start's wall on every side
+    (``results/gpu-h100-bytecode-ab-ea88b7d.txt``), which no ``pip install``ed torch pays.
+    Where torch's own bytecode is missing, the standard library, every ``site-packages`` and
+    ``PYTHONPATH`` directory on ``sys.path`` are compiled (all CPUs) under a pycache prefix
+    next to the scratch directories, and ``PYTHONPYCACHEPREFIX`` sends every child there;
+    nothing installed is written to. Before 2026-11-28 §1 ran on the GPU without it."""
+    import compileall
+    import importlib.util
+    import sysconfig
+
+    spec = importlib.util.find_spec("torch")
+    origin = spec.origin if spec is not None else None
+    if origin is None or Path(importlib.util.cache_from_source(origin)).exists():
+        return "as installed"
+    prefix = Path(tempfile.gettempdir()) / f"cachedb-bench-pyc-{sys.implementation.cache_tag}"
+    sys.pycache_prefix = str(prefix)
+    os.environ["PYTHONPYCACHEPREFIX"] = str(prefix)
+    repo = Path(__file__).resolve().parent.parent
+    roots = {sysconfig.get_path("stdlib"), sysconfig.get_path("purelib"), sysconfig.get_path("platlib")}
+    roots.update(p for p in sys.path if p and Path(p).is_dir() and Path(p).resolve() != repo)
+    t0 = time.perf_counter()
+    for root in sorted(roots):
+        compileall.compile_dir(root, quiet=2, workers=0)
+    return f"compiled under PYTHONPYCACHEPREFIX={prefix} in {time.perf_counter() - t0:.0f} s (torch had none)"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     names = [n.strip() for n in args.only.split(",") if n.strip()] or list(ORDER)
@@ -96,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     scratch = Path(tempfile.mkdtemp(prefix="cachedb-bench-", dir=args.scratch))
     ctx = Context(quick=args.quick, scratch=scratch, verbose=not args.quiet, device=args.device)
+    installed_bytecode = _installed_bytecode()  # first: it may move every module's bytecode
     bytecode = _compile_bytecode()
     load_start = _loadavg()
     source_start = cachedb_source_digest()
@@ -135,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         "cachedb_source_sha256": source_start,
         "cachedb_source_changed_during_run": cachedb_source_digest() != source_start,
         "bytecode": bytecode,
+        "installed_bytecode": installed_bytecode,
         # Other processes on the machine skew timings: the 1-minute load average at start/end.
         "load_average_1min": {"start": load_start, "end": _loadavg()},
     }

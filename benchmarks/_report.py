@@ -146,7 +146,8 @@ def markdown(results: list[SectionResult], meta: dict[str, Any]) -> str:
         f"{m['cpu']}, {m['cores']} cores; Python {m['python']}, torch {m['torch']}, "
         f"SQLite {m['sqlite']}; cachedb sources {meta.get('cachedb_source_sha256')}"
         f"{' (CHANGED during the run)' if meta.get('cachedb_source_changed_during_run') else ''}"
-        f"{'; bytecode ' + meta['bytecode'] if meta.get('bytecode') else ''}; 1-min load average {meta.get('load_average_1min', {}).get('start')} at start, "
+        f"{'; bytecode ' + meta['bytecode'] if meta.get('bytecode') else ''}"
+        f"{'; bytecode of installed packages ' + meta['installed_bytecode'] if meta.get('installed_bytecode') else ''}; 1-min load average {meta.get('load_average_1min', {}).get('start')} at start, "
         f"{meta.get('load_average_1min', {}).get('end')} at end. Values: median [p10–p90] over n repetitions; "
         "ratio = cachedb median / baseline median (for times, < 1 means cachedb is faster).",
         "",
