@@ -96,9 +96,10 @@ def _installed_bytecode() -> str:
     modules from source: ~9 s of a warm start's wall on every side
     (``results/gpu-h100-bytecode-ab-ea88b7d.txt``), which no ``pip install``ed torch pays.
     Where torch's own bytecode is missing, the standard library, every ``site-packages`` and
-    ``PYTHONPATH`` directory on ``sys.path`` are compiled (all CPUs) under a pycache prefix
-    next to the scratch directories, and ``PYTHONPYCACHEPREFIX`` sends every child there;
-    nothing installed is written to. Before 2026-11-28 §1 ran on the GPU without it."""
+    ``PYTHONPATH`` directory on ``sys.path`` are compiled (all CPUs) under a pycache prefix in
+    the temporary directory (kept, so a later run on the machine reuses it), and
+    ``PYTHONPYCACHEPREFIX`` sends every child there; nothing installed is written to. Before
+    the fourteenth session (2026-11-27) §1 ran on the GPU without it."""
     import compileall
     import importlib.util
     import sysconfig
