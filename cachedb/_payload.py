@@ -1,22 +1,36 @@
 """Payload codec: zstd frames with the size and SHA-256 checksum of the uncompressed bytes.
 
-A stored payload (format 2, what :func:`pack` writes) is::
+A stored payload (format 2) is::
 
     zstd frame (content size, XXH64 content checksum) | skippable frame (magic 0x184D2A50,
     32 bytes: the SHA-256 digest of the uncompressed bytes)
 
-Any zstd decoder reads it (skippable frames are skipped; ``zstd -d`` and
+and a payload stored as it is (format 3, what :func:`pack` writes at :data:`STORED_LEVEL`:
+guarded entries under 1 MiB on SQLite) is::
+
+    zstd frame of raw blocks (content size, XXH64 content checksum) | skippable frame (magic
+    0x184D2A51, 8 bytes: the XXH3-64 digest of the uncompressed bytes) | the same SHA-256
+    skippable frame
+
+Any zstd decoder reads both (skippable frames are skipped; ``zstd -d`` and
 ``zstandard.ZstdDecompressor().decompress`` both give the content), so a cachedb of before
-this format (decompress, then SHA-256) reads it too, as it reads a database copied or synced
-from this one. Payloads written before (format 1: the zstd frame alone, no content checksum)
+either format (decompress, then SHA-256) reads them, as it reads a database copied or synced
+from this one; a format-2 reader takes a format-3 payload as format 2 (the SHA-256 frame
+still ends it). Payloads written before (format 1: the zstd frame alone, no content checksum)
 are read as before.
 
-Reading (:func:`unpack`) proves two things: the bytes are the content that was compressed, and
-they belong to this row. Format 2 does both without hashing the content again: zstd verifies
-the XXH64 checksum while it decompresses, and the digest in the trailer must equal the row's
-``checksum`` column (a payload moved to another row carries another digest). Format 1, a
-trailer that does not match, and ``full=True`` (signed databases, ``cachedb verify``) compute
-the SHA-256 of the content instead.
+Reading (:func:`unpack`) proves two things: the bytes are the content that was stored, and
+they belong to this row. Neither hashes the content with SHA-256 again:
+
+- format 3: the content is sliced out of the raw blocks (no decompression) and its XXH3-64
+  must equal the digest in the second frame (~1 us for 100 KB, where zstd's copy and XXH64
+  took ~9 us);
+- format 2: zstd verifies the XXH64 checksum while it decompresses;
+
+and the digest in the last frame must equal the row's ``checksum`` column (a payload moved to
+another row carries another digest). Format 1, a trailer that does not match, and
+``full=True`` (signed databases, ``cachedb verify``) compute the SHA-256 of the content
+instead.
 """
 
 from __future__ import annotations
@@ -29,6 +43,7 @@ import threading
 from dataclasses import dataclass
 from typing import Protocol
 
+import xxhash
 import zstandard
 
 from ._errors import CorruptPayloadError
@@ -65,10 +80,15 @@ MIN_COMPRESSION_LEVEL = -(1 << 17)
 
 _level_setting: tuple[str | None, int | None] = (None, None)  # (raw value, parsed level)
 
-#: zstd level at which a payload is stored as it is (ratio 1.0): a frame of raw blocks that
-#: still records the content size and XXH64 checksum, so every cachedb reads and verifies it
-#: as any other payload. On a 100 KB FX graph entry (2 cores): 15 us to write and 9 us to read,
-#: against 144 us and 64 us at :data:`ZSTD_LEVEL`.
+#: zstd level at which a payload is stored as it is (ratio 1.0; format 3): a zstd frame of raw
+#: blocks that still records the content size and XXH64 checksum, so every cachedb reads and
+#: verifies it as any other payload, followed by the XXH3-64 digest of the content, so that
+#: this one reads it without zstd (:func:`unpack`). cachedb writes that frame itself
+#: (:func:`_stored_body`): zstd at this level still compresses blocks it finds matches in (a
+#: 500 KB benchmark entry came out as two compressed blocks and three raw ones), and those
+#: would need decompressing. On a 100 KB FX graph entry (2 cores): read in ~2.5 us
+#: (XXH3 ~1 us, the content's copy ~1.2 us) against ~10 us through zstd (its copy and XXH64)
+#: and 64 us at :data:`ZSTD_LEVEL`.
 STORED_LEVEL = -1000
 #: Guarded entries (FX graph and AOTAutograd pickles) of fewer uncompressed bytes than this
 #: are stored as they are (:data:`STORED_LEVEL`) unless :data:`LEVEL_ENV` is set (1 MiB, as
@@ -136,6 +156,21 @@ def guarded_level(size_bytes: int, dialect: str = "sqlite") -> int:
 TRAILER_HEADER = struct.pack("<II", 0x184D2A50, 32)
 #: Bytes the trailer adds to a payload (header and digest).
 TRAILER_BYTES = len(TRAILER_HEADER) + 32
+#: The header of the skippable frame between a format-3 payload's zstd frame and its trailer:
+#: zstd's second skippable magic number and the frame's length (8: an XXH3-64 digest).
+XXH3_HEADER = struct.pack("<II", 0x184D2A51, 8)
+#: Bytes that frame takes (header and digest).
+XXH3_FRAME_BYTES = len(XXH3_HEADER) + 8
+#: zstd's magic number, the first 4 bytes of a zstd frame (little-endian 0xFD2FB528).
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+#: zstd's largest block (``ZSTD_BLOCKSIZE_MAX``, 128 KiB): a format-3 frame's raw blocks hold
+#: this many bytes of content each, the last one the rest.
+RAW_BLOCK_BYTES = 1 << 17
+#: Frame header descriptor of a format-3 frame (RFC 8878, 3.1.1.1.1): single segment (no
+#: window descriptor), content checksum, no dictionary, and a content size of 4 bytes
+#: (:data:`_FHD_SIZE8`: 8 bytes, for 4 GiB or more).
+_FHD_SIZE4 = 0x80 | 0x20 | 0x04
+_FHD_SIZE8 = 0xC0 | 0x20 | 0x04
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,9 +229,77 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_LARGE.forget_in_child)
 
 
+def _stored_header(size_bytes: int) -> bytes:
+    """The zstd frame header of a format-3 payload of ``size_bytes`` content bytes (9 bytes;
+    13 from 4 GiB)."""
+    if size_bytes < 1 << 32:
+        return ZSTD_MAGIC + bytes((_FHD_SIZE4,)) + size_bytes.to_bytes(4, "little")
+    return ZSTD_MAGIC + bytes((_FHD_SIZE8,)) + size_bytes.to_bytes(8, "little")
+
+
+def _stored_body(data: bytes) -> bytes:
+    """A format-3 payload of ``data`` but its trailer: a zstd frame (RFC 8878) whose blocks
+    are raw (:data:`RAW_BLOCK_BYTES` each, one empty block for empty data), ending in the low
+    32 bits of the content's XXH64 as zstd checks them, then the skippable frame of its
+    XXH3-64 digest (:data:`XXH3_HEADER`). Deterministic: the same bytes give the same body."""
+    view = memoryview(data)
+    size = len(data)
+    parts: list[bytes | memoryview] = [_stored_header(size)]
+    start = 0
+    while True:
+        end = min(start + RAW_BLOCK_BYTES, size)
+        last = end == size
+        # block header: little-endian 24 bits, Last_Block (bit 0), Block_Type 0 = raw (bits 1-2),
+        # Block_Size (bits 3-23)
+        parts.append(((end - start) << 3 | last).to_bytes(3, "little"))
+        parts.append(view[start:end])
+        start = end
+        if last:
+            break
+    parts.append((xxhash.xxh64_intdigest(data) & 0xFFFFFFFF).to_bytes(4, "little"))
+    parts.append(XXH3_HEADER)
+    parts.append(xxhash.xxh3_64_digest(data))
+    return b"".join(parts)
+
+
+def _stored_content(blob: bytes, size_bytes: int, expected_checksum: str) -> bytes | None:
+    """The content of ``blob`` when it is a format-3 payload of ``size_bytes`` content bytes
+    (the layout :func:`_stored_body` writes, to the byte count) that ends in the trailer of
+    ``expected_checksum`` and whose content's XXH3-64 equals its digest; else ``None`` (not
+    format 3, or not intact: the caller decompresses it with zstd, which checks the XXH64,
+    and tells which). Reads the block headers not at all: the content's digest covers what
+    is returned."""
+    head = 9 if size_bytes < 1 << 32 else 13
+    blocks = max(1, -(-size_bytes // RAW_BLOCK_BYTES))
+    end = head + 3 * blocks + size_bytes  # where the frame's XXH64 begins
+    if (
+        len(blob) != end + 4 + XXH3_FRAME_BYTES + TRAILER_BYTES
+        or blob[:head] != _stored_header(size_bytes)
+        or blob[end + 4 : end + 12] != XXH3_HEADER
+        or blob[-TRAILER_BYTES:-32] != TRAILER_HEADER
+        or blob[-32:].hex() != expected_checksum
+    ):
+        return None
+    if blocks == 1:
+        content = blob[head + 3 : end]
+    else:
+        view = memoryview(blob)
+        step = RAW_BLOCK_BYTES + 3
+        content = b"".join(
+            view[at + 3 : min(at + step, end)] for at in range(head, head + step * blocks, step)
+        )
+    if xxhash.xxh3_64_digest(content) != blob[end + 12 : end + 20]:
+        return None
+    return content
+
+
 def _frame(data: bytes, level: int) -> bytes:
-    """The zstd frame of ``data`` at ``level`` (content size and XXH64 checksum recorded; with
-    :data:`ZSTD_THREADS_LARGE` workers from :data:`LARGE_PAYLOAD_BYTES` on)."""
+    """The stored form of ``data`` at ``level`` but its trailer: at :data:`STORED_LEVEL`
+    :func:`_stored_body` (format 3), else the zstd frame at that level (content size and XXH64
+    checksum recorded; with :data:`ZSTD_THREADS_LARGE` workers from
+    :data:`LARGE_PAYLOAD_BYTES` on)."""
+    if level == STORED_LEVEL:
+        return _stored_body(data)
     if len(data) >= LARGE_PAYLOAD_BYTES:
         return _LARGE.compress(data, level)
     made = getattr(_COMPRESSOR, "c", None)
@@ -215,8 +318,9 @@ def pack(data: bytes, *, digest: bytes | None = None, level: int | None = None) 
     """Compress ``data`` (bytes) into a format-2 payload: a zstd frame recording its content
     size and XXH64 checksum, at ``level`` (default :func:`compression_level`; with
     :data:`ZSTD_THREADS_LARGE` workers from :data:`LARGE_PAYLOAD_BYTES` on), then the
-    skippable frame holding its SHA-256 digest. ``digest``: that digest (32 bytes) when the
-    caller already has it (saves hashing twice)."""
+    skippable frame holding its SHA-256 digest; at :data:`STORED_LEVEL`, a format-3 payload
+    (raw blocks and the XXH3-64 frame before that trailer). ``digest``: the SHA-256 digest
+    (32 bytes) when the caller already has it (saves hashing twice)."""
     if level is None:
         level = compression_level()
     frame = _frame(data, level)
@@ -319,19 +423,26 @@ def unpack(blob: bytes, size_bytes: int, expected_checksum: str, *, where: str, 
     """Decompress and verify a stored payload (``size_bytes``: its uncompressed length;
     ``expected_checksum``: the row's SHA-256 hex digest of it).
 
-    A format-2 payload whose trailer holds ``expected_checksum`` and whose frame carries a
-    content checksum is verified by zstd while it decompresses (XXH64; no second pass over
-    the content). Everything else, and every payload when ``full`` is true, is verified by
-    the SHA-256 of the decompressed bytes.
+    A format-3 payload whose trailer holds ``expected_checksum`` is sliced out of its raw
+    blocks and verified by its XXH3-64 digest (no decompression). A format-2 payload whose
+    trailer holds ``expected_checksum`` and whose frame carries a content checksum is
+    verified by zstd while it decompresses (XXH64; no second pass over the content), as is a
+    format-3 payload whose XXH3-64 does not match (zstd then tells whether the content is
+    intact). Everything else, and every payload when ``full`` is true, is verified by the
+    SHA-256 of the decompressed bytes.
 
     Raises :class:`~cachedb.CorruptPayloadError` (naming ``where``) when the frame does not
     decompress, fails its checksum, has the wrong size, or its SHA-256 differs from
     ``expected_checksum``.
     """
+    blob = bytes(blob)
+    if not full:
+        stored = _stored_content(blob, size_bytes, expected_checksum)
+        if stored is not None:
+            return stored
     decompressor = getattr(_DECOMPRESSOR, "d", None)
     if decompressor is None:
         decompressor = _DECOMPRESSOR.d = zstandard.ZstdDecompressor()
-    blob = bytes(blob)
     try:
         data = decompressor.decompress(blob, max_output_size=max(size_bytes, 1))
     except zstandard.ZstdError as exc:
@@ -371,14 +482,15 @@ def unpack_from(
     whole in memory, only :data:`STREAM_READ_BYTES` of it at a time beside the content
     (``size_bytes``). Verified as :func:`unpack` verifies: zstd checks the frame's content
     checksum (XXH64) as it ends, the trailer's digest must equal ``expected_checksum``.
-    Anything else (format 1, a trailer that does not match, ``full``) is read whole and
-    handed to :func:`unpack`.
+    Anything else (format 1, a trailer that does not match, ``full``), and a stored payload
+    under :data:`STREAM_PAYLOAD_BYTES` (a format-3 one is then read without zstd), is read
+    whole and handed to :func:`unpack`.
 
     Raises :class:`~cachedb.CorruptPayloadError` (naming ``where``) as :func:`unpack` does;
     the driver's errors from ``source`` pass through.
     """
     length = len(source)
-    if not full and length > TRAILER_BYTES + _FRAME_HEADER_MAX:
+    if not full and STREAM_PAYLOAD_BYTES <= length:
         source.seek(length - TRAILER_BYTES)
         tail = source.read(TRAILER_BYTES)
         source.seek(0)

@@ -1,6 +1,7 @@
-"""The payload codec (cachedb/_payload.py): format 2 (zstd frame with XXH64 content checksum,
-then a skippable frame holding the SHA-256 digest) and format 1 (the frame alone, as written
-before), on real zstd frames and real stored rows."""
+"""The payload codec (cachedb/_payload.py): format 3 (a zstd frame of raw blocks, a skippable
+frame holding the content's XXH3-64, then the SHA-256 one), format 2 (zstd frame with XXH64
+content checksum, then a skippable frame holding the SHA-256 digest) and format 1 (the frame
+alone, as written before), on real zstd frames and real stored rows."""
 
 from __future__ import annotations
 
@@ -11,13 +12,15 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+import xxhash
 import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from sqlalchemy import text
 
 from cachedb import CacheDB, CorruptPayloadError
-from cachedb._payload import TRAILER_BYTES, TRAILER_HEADER, pack, unpack, unpack_from
+from cachedb import _payload
+from cachedb._payload import STORED_LEVEL, TRAILER_BYTES, TRAILER_HEADER, pack, unpack, unpack_from
 
 
 @settings(max_examples=200, deadline=None)
@@ -31,6 +34,86 @@ def test_format2_round_trips_and_any_zstd_decoder_reads_it(data: bytes, full: bo
     assert unpack(packed.blob, len(data), packed.checksum, where="x", full=full) == data
     # the skippable frame is skipped by a plain zstd decoder: the content alone comes out
     assert zstandard.ZstdDecompressor().decompress(packed.blob, max_output_size=max(len(data), 1)) == data
+
+
+def _format2_stored(data: bytes) -> bytes:
+    """A guarded entry as cachedb stored one under 1 MiB before format 3: zstd's frame at
+    level -1000 (raw blocks where zstd finds no match) and the SHA-256 trailer."""
+    frame = zstandard.ZstdCompressor(level=-1000, write_content_size=True, write_checksum=True).compress(data)
+    return frame + TRAILER_HEADER + hashlib.sha256(data).digest()
+
+
+_BLOCK = 128 << 10  # zstd's largest block
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    st.binary(max_size=512),
+    st.sampled_from([0, 1, _BLOCK - 600, _BLOCK, _BLOCK + 1, 3 * _BLOCK - 17, 300_000]),
+    st.booleans(),
+)
+def test_format3_round_trips_without_zstd_and_every_zstd_reader_reads_it(
+    random_part: bytes, filler: int, full: bool
+) -> None:
+    """At the stored level ``pack`` writes format 3 for any content, empty to several raw
+    blocks: ``unpack`` gives it back from the raw blocks and its XXH3-64 alone (the fast path
+    answers), any zstd decoder gives it back checking the frame's XXH64 (what a cachedb of
+    format 2 does), and the SHA-256 trailer still ends it."""
+    data = random_part + bytes(range(256)) * (filler // 256) + random_part
+    packed = pack(data, level=STORED_LEVEL)
+    blob = packed.blob
+    assert packed.checksum == hashlib.sha256(data).hexdigest() and packed.size_bytes == len(data)
+    assert blob[-TRAILER_BYTES:] == TRAILER_HEADER + hashlib.sha256(data).digest()
+    assert blob[-TRAILER_BYTES - 16 : -TRAILER_BYTES] == _payload.XXH3_HEADER + xxhash.xxh3_64_digest(data)
+    assert len(blob) == 9 + 3 * max(1, -(-len(data) // _BLOCK)) + len(data) + 4 + 16 + TRAILER_BYTES
+    assert _payload._stored_content(blob, len(data), packed.checksum) == data
+    assert unpack(blob, len(data), packed.checksum, where="x", full=full) == data
+    params = zstandard.get_frame_parameters(blob)
+    assert params.has_checksum and params.content_size == len(data)
+    assert zstandard.ZstdDecompressor().decompress(blob, max_output_size=max(len(data), 1)) == data
+    assert pack(data, level=STORED_LEVEL).blob == blob  # deterministic
+
+
+@pytest.mark.parametrize("where", ["content", "xxh3", "xxh64", "block header", "size"])
+def test_format3_damage_is_refused_or_read_through_zstd(where: str) -> None:
+    """A flipped content byte fails the XXH3-64 and then zstd's XXH64: refused. A flipped
+    XXH3-64 digest falls back to zstd, which finds the content intact and serves it; a flipped
+    XXH64 is not read on the fast path (the content's XXH3-64 holds) and the content is
+    served; a damaged block header leaves the content intact (served); a row whose size is
+    not the payload's is refused."""
+    data = random.Random(3).randbytes(200_000)
+    packed = pack(data, level=STORED_LEVEL)
+    blob, size = bytearray(packed.blob), len(data)
+    tail = TRAILER_BYTES + 16  # the XXH3-64 frame and the trailer
+    if where == "content":
+        blob[100_000] ^= 0x04
+    elif where == "xxh3":
+        blob[-TRAILER_BYTES - 1] ^= 0x01
+    elif where == "xxh64":
+        blob[-tail - 1] ^= 0x01
+    elif where == "block header":
+        blob[9] ^= 0x01  # the first block's Last_Block bit
+    else:
+        size -= 1
+    if where in ("content", "size"):
+        with pytest.raises(CorruptPayloadError, match="x/y/z"):
+            unpack(bytes(blob), size, packed.checksum, where="x/y/z")
+    else:
+        assert unpack(bytes(blob), size, packed.checksum, where="x/y/z") == data
+
+
+def test_format2_stored_payloads_of_before_still_read() -> None:
+    """A guarded entry stored at level -1000 by cachedb before format 3 (no XXH3-64 frame) is
+    not taken for format 3 and reads through zstd, checked by its XXH64."""
+    data = random.Random(5).randbytes(100_000)
+    blob = _format2_stored(data)
+    digest = hashlib.sha256(data).hexdigest()
+    assert _payload._stored_content(blob, len(data), digest) is None
+    assert unpack(blob, len(data), digest, where="x") == data
+    damaged = bytearray(blob)
+    damaged[50_000] ^= 0x01
+    with pytest.raises(CorruptPayloadError, match="checksum"):
+        unpack(bytes(damaged), len(data), digest, where="x")
 
 
 def _format1(data: bytes, *, checksum: bool = False) -> bytes:
@@ -245,8 +328,17 @@ def test_guarded_entries_under_1_mib_are_stored_as_they_are(
     def frame(data: bytes, level: int) -> bytes:
         return zstandard.ZstdCompressor(level=level, write_content_size=True, write_checksum=True).compress(data)
 
-    assert stored[len(real)][:-TRAILER_BYTES] == frame(real, _payload.STORED_LEVEL)
-    assert len(stored[len(real)]) > len(real)  # the content as it is, and its frame
+    small = stored[len(real)]
+    # format 3: any zstd decoder gives the content (checking the frame's XXH64), and the frame
+    # holds it in raw blocks: header (9 bytes), a 3-byte header per 128 KiB, the XXH64 (4),
+    # then the XXH3-64 frame (16) and the SHA-256 trailer (40)
+    assert zstandard.ZstdDecompressor().decompress(small) == real
+    blocks = -(-len(real) // (128 << 10))
+    assert len(small) == 9 + 3 * blocks + len(real) + 4 + 16 + TRAILER_BYTES
+    assert small[-TRAILER_BYTES - 16 : -TRAILER_BYTES] == (
+        _payload.XXH3_HEADER + xxhash.xxh3_64_digest(real)
+    )
+    assert small[-TRAILER_BYTES:] == TRAILER_HEADER + hashlib.sha256(real).digest()
     assert len(stored[limit]) < limit / 2  # compressed
     assert zstandard.ZstdDecompressor().decompress(stored[limit][:-TRAILER_BYTES]) == large
     assert _payload.guarded_level(limit - 1) == _payload.STORED_LEVEL
@@ -387,11 +479,15 @@ def test_a_damaged_payload_read_in_place_is_refused(tmp_path: Path, where: str) 
 
 
 @settings(max_examples=80, deadline=None)
-@given(st.binary(max_size=2048), st.integers(0, 1_300_000), st.sampled_from([1, 3, -5, -1000]), st.booleans())
+@given(
+    st.binary(max_size=2048), st.integers(0, 1_300_000), st.sampled_from([1, 3, -5, -1000, "format 2"]),
+    st.booleans(),
+)
 def test_repack_gives_this_versions_form_keeps_the_content_and_is_idempotent(
-    random_part: bytes, zeros: int, written_at: int, format1: bool
+    random_part: bytes, zeros: int, written_at: int | str, format1: bool
 ) -> None:
-    """Whatever level (or the older frame-only format) a guarded entry was written at,
+    """Whatever level (or the older frame-only format, or the stored form before format 3) a
+    guarded entry was written at,
     ``repacked_guarded`` gives a payload that reads back as the same content under the same
     SHA-256, is :func:`guarded_level`'s form where that level stores (the bytes ``pack`` gives
     at it), is kept from 1 MiB when its frame is under half the content (compressed, at any
@@ -400,7 +496,12 @@ def test_repack_gives_this_versions_form_keeps_the_content_and_is_idempotent(
 
     data = random_part + bytes(zeros) + random_part
     digest = hashlib.sha256(data).hexdigest()
-    blob = _format1(data, checksum=True) if format1 else pack(data, level=written_at).blob
+    if format1:
+        blob = _format1(data, checksum=True)
+    elif isinstance(written_at, str):
+        blob = _format2_stored(data)
+    else:
+        blob = pack(data, level=written_at).blob
     new = repacked_guarded(blob, len(data), digest, where="x")
     current = blob if new is None else new
     assert unpack(current, len(data), digest, where="x") == data
