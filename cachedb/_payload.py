@@ -23,8 +23,8 @@ Reading (:func:`unpack`) proves two things: the bytes are the content that was s
 they belong to this row. Neither hashes the content with SHA-256 again:
 
 - format 3: the content is sliced out of the raw blocks (no decompression) and its XXH3-64
-  must equal the digest in the second frame (~1 us for 100 KB, where zstd's copy and XXH64
-  took ~9 us);
+  must equal the digest in the second frame (~5 us for 100 KB, copy included, where zstd's
+  copy and XXH64 take ~10 us);
 - format 2: zstd verifies the XXH64 checksum while it decompresses;
 
 and the digest in the last frame must equal the row's ``checksum`` column (a payload moved to
@@ -86,9 +86,9 @@ _level_setting: tuple[str | None, int | None] = (None, None)  # (raw value, pars
 #: this one reads it without zstd (:func:`unpack`). cachedb writes that frame itself
 #: (:func:`_stored_body`): zstd at this level still compresses blocks it finds matches in (a
 #: 500 KB benchmark entry came out as two compressed blocks and three raw ones), and those
-#: would need decompressing. On a 100 KB FX graph entry (2 cores): read in ~2.5 us
-#: (XXH3 ~1 us, the content's copy ~1.2 us) against ~10 us through zstd (its copy and XXH64)
-#: and 64 us at :data:`ZSTD_LEVEL`.
+#: would need decompressing. On a 100 KB FX graph entry (2 cores, in a loop over one entry):
+#: read in ~5 us (the content's copy ~2 us, XXH3 ~2 us) against ~10.6 us through zstd (its
+#: copy and XXH64) and 64 us at :data:`ZSTD_LEVEL`.
 STORED_LEVEL = -1000
 #: Guarded entries (FX graph and AOTAutograd pickles) of fewer uncompressed bytes than this
 #: are stored as they are (:data:`STORED_LEVEL`) unless :data:`LEVEL_ENV` is set (1 MiB, as
@@ -269,6 +269,8 @@ def _stored_content(blob: bytes, size_bytes: int, expected_checksum: str) -> byt
     format 3, or not intact: the caller decompresses it with zstd, which checks the XXH64,
     and tells which). Reads the block headers not at all: the content's digest covers what
     is returned."""
+    if not 0 <= size_bytes < 1 << 64:  # a damaged row: zstd's path names the error
+        return None
     head = 9 if size_bytes < 1 << 32 else 13
     blocks = max(1, -(-size_bytes // RAW_BLOCK_BYTES))
     end = head + 3 * blocks + size_bytes  # where the frame's XXH64 begins
@@ -431,10 +433,11 @@ def unpack(blob: bytes, size_bytes: int, expected_checksum: str, *, where: str, 
     intact). Everything else, and every payload when ``full`` is true, is verified by the
     SHA-256 of the decompressed bytes.
 
-    Raises :class:`~cachedb.CorruptPayloadError` (naming ``where``) when the frame does not
-    decompress, fails its checksum, has the wrong size, or its SHA-256 differs from
-    ``expected_checksum``.
+    Raises :class:`~cachedb.CorruptPayloadError` (naming ``where``) when ``size_bytes`` is not a
+    size (negative, 2**63 or more), the frame does not decompress, fails its checksum, has the
+    wrong size, or its SHA-256 differs from ``expected_checksum``.
     """
+    _check_size(size_bytes, where)
     blob = bytes(blob)
     if not full:
         stored = _stored_content(blob, size_bytes, expected_checksum)
@@ -489,6 +492,7 @@ def unpack_from(
     Raises :class:`~cachedb.CorruptPayloadError` (naming ``where``) as :func:`unpack` does;
     the driver's errors from ``source`` pass through.
     """
+    _check_size(size_bytes, where)
     length = len(source)
     if not full and STREAM_PAYLOAD_BYTES <= length:
         source.seek(length - TRAILER_BYTES)
@@ -521,6 +525,13 @@ def unpack_from(
             return data  # type: ignore[no-any-return]
     source.seek(0)
     return unpack(source.read(), size_bytes, expected_checksum, where=where, full=full)
+
+
+def _check_size(size_bytes: int, where: str) -> None:
+    """Raise :class:`~cachedb.CorruptPayloadError` (naming ``where``) unless ``size_bytes`` can
+    be a payload's size (0 to 2**63 - 1, SQLite's and PostgreSQL's largest integer)."""
+    if not 0 <= size_bytes < 1 << 63:
+        raise CorruptPayloadError(where, f"size_bytes {size_bytes} is not a payload size")
 
 
 def _has_checksum(head: bytes) -> bool:
