@@ -171,6 +171,9 @@ RAW_BLOCK_BYTES = 1 << 17
 #: (:data:`_FHD_SIZE8`: 8 bytes, for 4 GiB or more).
 _FHD_SIZE4 = 0x80 | 0x20 | 0x04
 _FHD_SIZE8 = 0xC0 | 0x20 | 0x04
+#: A format-3 frame header: magic, descriptor, content size (4 or 8 bytes, little-endian).
+_HEADER4 = struct.Struct("<4sBI")
+_HEADER8 = struct.Struct("<4sBQ")
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,8 +236,8 @@ def _stored_header(size_bytes: int) -> bytes:
     """The zstd frame header of a format-3 payload of ``size_bytes`` content bytes (9 bytes;
     13 from 4 GiB)."""
     if size_bytes < 1 << 32:
-        return ZSTD_MAGIC + bytes((_FHD_SIZE4,)) + size_bytes.to_bytes(4, "little")
-    return ZSTD_MAGIC + bytes((_FHD_SIZE8,)) + size_bytes.to_bytes(8, "little")
+        return _HEADER4.pack(ZSTD_MAGIC, _FHD_SIZE4, size_bytes)
+    return _HEADER8.pack(ZSTD_MAGIC, _FHD_SIZE8, size_bytes)
 
 
 def _stored_body(data: bytes) -> bytes:
@@ -242,8 +245,13 @@ def _stored_body(data: bytes) -> bytes:
     are raw (:data:`RAW_BLOCK_BYTES` each, one empty block for empty data), ending in the low
     32 bits of the content's XXH64 as zstd checks them, then the skippable frame of its
     XXH3-64 digest (:data:`XXH3_HEADER`). Deterministic: the same bytes give the same body."""
-    view = memoryview(data)
     size = len(data)
+    checks = (
+        (xxhash.xxh64_intdigest(data) & 0xFFFFFFFF).to_bytes(4, "little"), XXH3_HEADER, xxhash.xxh3_64_digest(data)
+    )
+    if size <= RAW_BLOCK_BYTES:  # one block (most entries): no slicing
+        return b"".join((_stored_header(size), (size << 3 | 1).to_bytes(3, "little"), data, *checks))
+    view = memoryview(data)
     parts: list[bytes | memoryview] = [_stored_header(size)]
     start = 0
     while True:
@@ -256,9 +264,7 @@ def _stored_body(data: bytes) -> bytes:
         start = end
         if last:
             break
-    parts.append((xxhash.xxh64_intdigest(data) & 0xFFFFFFFF).to_bytes(4, "little"))
-    parts.append(XXH3_HEADER)
-    parts.append(xxhash.xxh3_64_digest(data))
+    parts.extend(checks)
     return b"".join(parts)
 
 

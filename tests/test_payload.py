@@ -74,6 +74,14 @@ def test_format3_round_trips_without_zstd_and_every_zstd_reader_reads_it(
     assert pack(data, level=STORED_LEVEL).blob == blob  # deterministic
 
 
+@pytest.mark.parametrize("size", [0, 255, 256, (1 << 32) - 1, 1 << 32, 1 << 40])
+def test_format3_frame_headers_are_zstds_for_every_size(size: int) -> None:
+    """The frame header format 3 writes (4-byte content size, 8 bytes from 4 GiB) is read by
+    zstd's own parser as a single-segment frame of that content size with a checksum."""
+    params = zstandard.get_frame_parameters(_payload._stored_header(size))
+    assert params.content_size == size and params.has_checksum and params.dict_id == 0
+
+
 @pytest.mark.parametrize("where", ["content", "xxh3", "xxh64", "block header", "size"])
 def test_format3_damage_is_refused_or_read_through_zstd(where: str) -> None:
     """A flipped content byte fails the XXH3-64 and then zstd's XXH64: refused. A flipped
