@@ -440,7 +440,7 @@ def unpack(blob: bytes, size_bytes: int, expected_checksum: str, *, where: str, 
     SHA-256 of the decompressed bytes.
 
     Raises :class:`~cachedb.CorruptPayloadError` (naming ``where``) when ``size_bytes`` is not a
-    size (negative, 2**63 or more), the frame does not decompress, fails its checksum, has the
+    size (not an integer, negative, 2**63 or more), the frame does not decompress, fails its checksum, has the
     wrong size, or its SHA-256 differs from ``expected_checksum``.
     """
     _check_size(size_bytes, where)
@@ -535,8 +535,9 @@ def unpack_from(
 
 def _check_size(size_bytes: int, where: str) -> None:
     """Raise :class:`~cachedb.CorruptPayloadError` (naming ``where``) unless ``size_bytes`` can
-    be a payload's size (0 to 2**63 - 1, SQLite's and PostgreSQL's largest integer)."""
-    if not 0 <= size_bytes < 1 << 63:
+    be a payload's size (an integer from 0 to 2**63 - 1, SQLite's and PostgreSQL's largest;
+    a damaged row may hold ``NULL`` or text)."""
+    if not (isinstance(size_bytes, int) and 0 <= size_bytes < 1 << 63):
         raise CorruptPayloadError(where, f"size_bytes {size_bytes} is not a payload size")
 
 

@@ -110,14 +110,14 @@ def test_format3_damage_is_refused_or_read_through_zstd(where: str) -> None:
         assert unpack(bytes(blob), size, packed.checksum, where="x/y/z") == data
 
 
-@pytest.mark.parametrize("size", [-1, -(1 << 70), 1 << 64, 99_999, 100_001])
-def test_format3_under_a_row_of_another_size_is_refused_as_corrupt(size: int) -> None:
-    """A row whose ``size_bytes`` is not its payload's (damaged, negative, past 64 bits) is
-    refused with CorruptPayloadError naming the row, never another error."""
+@pytest.mark.parametrize("size", [-1, -(1 << 70), 1 << 64, 99_999, 100_001, None, "100000"])
+def test_format3_under_a_row_of_another_size_is_refused_as_corrupt(size: object) -> None:
+    """A row whose ``size_bytes`` is not its payload's (damaged, negative, past 64 bits, NULL,
+    text) is refused with CorruptPayloadError naming the row, never another error."""
     data = random.Random(4).randbytes(100_000)
     packed = pack(data, level=STORED_LEVEL)
     with pytest.raises(CorruptPayloadError, match="row 7"):
-        unpack(packed.blob, size, packed.checksum, where="row 7")
+        unpack(packed.blob, size, packed.checksum, where="row 7")  # type: ignore[arg-type]
 
 
 def test_format2_stored_payloads_of_before_still_read() -> None:
