@@ -275,14 +275,13 @@ def _stored_content(blob: bytes, size_bytes: int, expected_checksum: str) -> byt
     format 3, or not intact: the caller decompresses it with zstd, which checks the XXH64,
     and tells which). Reads the block headers not at all: the content's digest covers what
     is returned."""
-    if not 0 <= size_bytes < 1 << 64:  # a damaged row: zstd's path names the error
-        return None
-    head = 9 if size_bytes < 1 << 32 else 13
+    header = _stored_header(size_bytes)  # size_bytes checked by the caller (_check_size)
+    head = len(header)
     blocks = max(1, -(-size_bytes // RAW_BLOCK_BYTES))
     end = head + 3 * blocks + size_bytes  # where the frame's XXH64 begins
     if (
         len(blob) != end + 4 + XXH3_FRAME_BYTES + TRAILER_BYTES
-        or blob[:head] != _stored_header(size_bytes)
+        or blob[:head] != header
         or blob[end + 4 : end + 12] != XXH3_HEADER
         or blob[-TRAILER_BYTES:-32] != TRAILER_HEADER
         or blob[-32:].hex() != expected_checksum
@@ -390,9 +389,10 @@ class PackingAside:
 
 def _looks_stored(blob: bytes, size_bytes: int) -> bool:
     """Whether the payload ``blob`` (``size_bytes`` uncompressed bytes) holds at least half its
-    content's bytes: written at a level that stores (:data:`STORED_LEVEL` still compresses a
-    block with long runs: 128 KiB into 119 KiB in one real AOTAutograd entry) or a fast one,
-    or data zstd could not compress; level 1 takes FX graph entries to 1/4-1/8. Reads no
+    content's bytes: written at a level that stores (format 3 at :data:`STORED_LEVEL`; zstd at
+    level -1000, as cachedb wrote before format 3, still compressed a block with long runs:
+    128 KiB into 119 KiB in one real AOTAutograd entry) or a fast one, or data zstd could not
+    compress; level 1 takes FX graph entries to 1/4-1/8. Reads no
     content."""
     return len(blob) - TRAILER_BYTES >= size_bytes // 2
 
