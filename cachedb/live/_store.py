@@ -10,6 +10,7 @@ from __future__ import annotations
 import atexit
 import copy
 import datetime as dt
+import itertools
 import logging
 import operator
 import os
@@ -188,21 +189,25 @@ class LiveStore:
         With a remote tier, the variants only the remote holds follow, fetched (one query)
         once the local ones are exhausted.
 
-        The first query runs when this is called. A key of one variant, held in the query's
-        row (under 1 MiB on SQLite), with no remote tier, the case of almost every lookup, is
-        answered then too: its payload is checked and the iterator returned holds the answer,
-        without the generators the general case goes through (~10 µs a lookup)."""
+        The first query runs when this is called, and without a remote tier the first variant
+        is read and checked then too (on SQLite, where that query reads it alone; elsewhere, for
+        a key of one variant): the iterator returned holds it, then, for a key of more
+        variants, a generator of the later ones, each listed and read only when the caller
+        asks for it. So the lookup torch makes most often, one variant, runs no generator."""
         writer = self.writer
         if writer is not None and writer.has_pending((kind, key)):  # this process's own put
             writer.wait_for((kind, key), self.timeout_s)
         rows, more = self._first_rows(kind, key)
-        if not more and self.remote is None:
-            if not rows:
-                return iter(())
-            if len(rows) == 1 and rows[0][1] is not None:
-                content = self._checked(kind, key, rows[0])
-                return iter(((rows[0][0], content),) if content is not None else ())
-        return self._candidates(kind, key, rows, more)
+        if self.remote is not None:
+            return self._candidates(kind, key, rows, more)
+        if not rows:
+            return iter(())
+        if len(rows) > 1:  # off SQLite: every variant's row at once, each checked when asked for
+            return self._loaded(kind, key, rows)
+        variant = rows[0][0]
+        content = self._checked(kind, key, rows.pop())
+        first = ((variant, content),) if content is not None else ()
+        return itertools.chain(first, self._later(kind, key, variant, set())) if more else iter(first)
 
     def _candidates(
         self, kind: str, key: str, rows: list[tuple[Any, ...]], more: bool
@@ -231,8 +236,14 @@ class LiveStore:
         after = rows[0][0] if more else None
         yield from self._loaded(kind, key, [row for row in rows if row[0] not in skip] if skip else rows)
         if after is not None:
-            later, _ = self.safely(f"{kind} lookup", ([], False), lambda: self._variant_rows(kind, key, after))
-            yield from self._loaded(kind, key, [row for row in later if row[0] not in skip])
+            yield from self._later(kind, key, after, skip)
+
+    def _later(self, kind: str, key: str, after: str, skip: set[str]) -> Iterator[tuple[str, bytes]]:
+        """:meth:`_loaded` of the variants of ``key`` after ``after`` in Inductor's order
+        (:data:`~cachedb.repositories.guarded.LATER_VARIANTS`, on SQLite), less those in
+        ``skip``: listed when the caller first asks for one."""
+        later, _ = self.safely(f"{kind} lookup", ([], False), lambda: self._variant_rows(kind, key, after))
+        yield from self._loaded(kind, key, [row for row in later if row[0] not in skip] if skip else later)
 
     def _first_rows(self, kind: str, key: str) -> tuple[list[tuple[Any, ...]], bool]:
         """:meth:`_variant_rows` of the first query, a failure warned about once and answered
