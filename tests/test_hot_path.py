@@ -914,6 +914,37 @@ def test_a_variant_read_in_place_gone_before_inductor_reaches_it_is_absent_not_c
     db.close()
 
 
+def test_a_corrupt_first_variant_is_quarantined_and_the_later_ones_still_served(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The live lookup reads and checks a key's first variant when it is called: damaged, it is
+    warned about once, quarantined and skipped, and the key's later variants still follow, in
+    Inductor's order, each read when asked for; the next lookup serves the later ones alone."""
+    from cachedb.keys import sha256_hash
+
+    path = tmp_path / "firstbad.db"
+    key = "ffirstbad" + "0" * 43
+    entries = sorted((_small_entry(n) for n in (1, 2, 3)), key=sha256_hash)
+    store = LiveStore(str(path), trust=True, write_behind=False)
+    for entry in entries:
+        store.guarded_put("fxgraph", key, entry)
+    raw = sqlite3.connect(path, isolation_level=None)
+    (payload,) = raw.execute("SELECT payload FROM guarded_entries WHERE variant = ?", (sha256_hash(entries[0]),)).fetchone()
+    damaged = bytearray(payload)
+    damaged[5000] ^= 1  # one content byte (format 3 stores the content as it is)
+    raw.execute("UPDATE guarded_entries SET payload = ? WHERE variant = ?", (bytes(damaged), sha256_hash(entries[0])))
+    raw.close()
+    with caplog.at_level(logging.WARNING, logger="cachedb"):
+        served = store.guarded_candidates("fxgraph", key)
+        assert next(served) == (sha256_hash(entries[1]), entries[1])
+        assert list(served) == [(sha256_hash(entries[2]), entries[2])]
+    assert [r for r in caplog.records if "payload check failed" in r.getMessage()]
+    assert [c for _, c in store.guarded_candidates("fxgraph", key)] == entries[1:]
+    quarantined = store.db.kept._dbapi.execute("SELECT variant FROM quarantined_entries").fetchall()
+    assert quarantined == [(sha256_hash(entries[0]),)]
+    store.close()
+
+
 def test_new_databases_take_16_kib_pages_and_old_ones_keep_theirs(tmp_path: Path) -> None:
     """A database cachedb creates has PAGE_SIZE pages (a 100 KB payload is then 7 page reads,
     not 25); one made at SQLite's default 4 KiB keeps its pages, serves and stores entries as

@@ -197,7 +197,7 @@ class LiveStore:
         writer = self.writer
         if writer is not None and writer.has_pending((kind, key)):  # this process's own put
             writer.wait_for((kind, key), self.timeout_s)
-        rows, more = self._first_rows(kind, key)
+        rows, more = self.safely(f"{kind} lookup", ([], False), lambda: self._variant_rows(kind, key, None))
         if self.remote is not None:
             return self._candidates(kind, key, rows, more)
         if not rows:
@@ -232,7 +232,9 @@ class LiveStore:
         the others are listed from the index
         (:data:`~cachedb.repositories.guarded.LATER_VARIANTS`) only when the caller asks for
         more."""
-        rows, more = first if first is not None else self._first_rows(kind, key)
+        if first is None:
+            first = self.safely(f"{kind} lookup", ([], False), lambda: self._variant_rows(kind, key, None))
+        rows, more = first
         after = rows[0][0] if more else None
         yield from self._loaded(kind, key, [row for row in rows if row[0] not in skip] if skip else rows)
         if after is not None:
@@ -244,17 +246,6 @@ class LiveStore:
         ``skip``: listed when the caller first asks for one."""
         later, _ = self.safely(f"{kind} lookup", ([], False), lambda: self._variant_rows(kind, key, after))
         yield from self._loaded(kind, key, [row for row in later if row[0] not in skip] if skip else later)
-
-    def _first_rows(self, kind: str, key: str) -> tuple[list[tuple[Any, ...]], bool]:
-        """:meth:`_variant_rows` of the first query, a failure warned about once and answered
-        as no rows (:meth:`safely`, without its closure: this runs on every lookup)."""
-        try:
-            return self._variant_rows(kind, key, None)
-        except _Unavailable:
-            return [], False
-        except Exception as exc:  # the cache must never break a compile
-            self.warn_once(f"{kind} lookup", exc)
-            return [], False
 
     def _variant_rows(self, kind: str, key: str, after: str | None) -> tuple[list[tuple[Any, ...]], bool]:
         """``(rows, more)``: rows ``(variant, payload, size_bytes, checksum, signature, id)``
