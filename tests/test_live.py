@@ -377,13 +377,16 @@ def _env_child(tmp_path: Path, code: str, db: str = "env.db", *, check: bool = T
 
 def test_environment_variable_activates_child_processes(tmp_path: Path) -> None:
     """What compile workers get: CACHEDB_ENABLE=1 and the bootstrap on PYTHONPATH. cachedb
-    is activated when torch imports its first seam module, not at ``import torch``."""
+    is activated when torch imports its first cache module, not at ``import torch`` nor at
+    ``import torch._dynamo``."""
     from cachedb.live import child_environment
 
     out = _env_child(tmp_path, """
         import sys, torch
         print(sorted(m for m in ("cachedb", "sqlalchemy", "torch._inductor") if m in sys.modules))
-        import torch._dynamo  # imports torch._inductor.cpp_builder, a seam module, half-way
+        import torch._dynamo  # imports torch._inductor.cpp_builder, patched at the activation
+        print(sorted(m for m in ("cachedb", "sqlalchemy") if m in sys.modules))
+        import torch._inductor.codecache  # the FX graph cache's module: activates cachedb
         import cachedb
         s = cachedb.live.active_store()
         print(cachedb.is_installed(), s and s.location)
@@ -393,8 +396,9 @@ def test_environment_variable_activates_child_processes(tmp_path: Path) -> None:
     lines = out.stdout.splitlines()
     # a process that imports torch and never compiles (a spawn DataLoader worker) pays nothing
     assert lines[0] == "[]"
-    assert lines[1].split() == ["True", str(tmp_path / "env.db")]
-    assert lines[2].split() == ["True", "cachedb.live._seams"]
+    assert lines[1] == "[]", "importing Dynamo alone does not activate cachedb"
+    assert lines[2].split() == ["True", str(tmp_path / "env.db")]
+    assert lines[3].split() == ["True", "cachedb.live._seams"]
     assert out.stderr == ""
     out = _env_child(tmp_path, "import sys, cachedb; print('torch' in sys.modules, cachedb.is_installed())")
     assert out.stdout.split() == ["False", "False"], "nothing is imported until the process imports torch"
@@ -428,16 +432,53 @@ def test_activation_runs_no_garbage_collection_and_restores_the_setting(tmp_path
         gc.callbacks.append(lambda phase, info: phase == "start" and collections.append(len(during)))
         allocated = [[i] for i in range(100_000)]  # collections do run outside the activation
         import torch._dynamo
+        import torch._inductor.codecache
         import cachedb
         print(cachedb.is_installed(), activations, gc.isenabled())
         print(sum(1 for n in collections if n %% 2 == 1), sum(1 for n in collections if n %% 2 == 0) > 0)
     """
     out = _env_child(tmp_path, code % "")
     installed, collected = out.stdout.splitlines()
-    assert installed == "True ['torch._inductor.cpp_builder'] True", out.stdout + out.stderr
+    # codecache imports LocalAutotuneCache's module, which completes first and activates;
+    # torch._dynamo's C++ builder is patched then, with no callback of its own
+    first = "['torch._inductor.runtime.autotune_cache', 'torch._inductor.codecache']"
+    assert installed == f"True {first} True", out.stdout + out.stderr
     assert collected == "0 True", "collections during the activation (odd marks) / outside it"
     out = _env_child(tmp_path, code % "gc.disable()")
-    assert out.stdout.splitlines() == ["True ['torch._inductor.cpp_builder'] False", "0 False"], out.stdout + out.stderr
+    assert out.stdout.splitlines() == [f"True {first} False", "0 False"], out.stdout + out.stderr
+
+
+def test_importing_dynamo_alone_does_not_activate_and_a_compile_after_it_builds_through_cachedb(
+    tmp_path: Path,
+) -> None:
+    """``torch._dynamo`` imports the C++ builder, a seam module, half-way through its own
+    import; most processes that import Dynamo (libraries built on torch import it at their
+    own import) never compile. Under cachedb's environment such a process imports neither
+    cachedb nor SQLAlchemy. When the same process then compiles, importing Inductor's cache
+    module activates cachedb and patches the C++ builder imported before it: a real CPU
+    compile's kernel library is built through cachedb's seam and stored in the database."""
+    out = _env_child(tmp_path, """
+        import sys, torch
+        import torch._dynamo
+        from torch._inductor.cpp_builder import CppBuilder
+        print(sorted(m for m in ("cachedb", "sqlalchemy", "torch._inductor.codecache") if m in sys.modules),
+              hasattr(CppBuilder.build, "__wrapped__"))
+        f = torch.compile(lambda x: (x.sin() + 1).sum())
+        print(round(float(f(torch.zeros(16))), 3))
+        import cachedb
+        print(cachedb.is_installed(), hasattr(CppBuilder.build, "__wrapped__"),
+              sorted(p.owner.__name__ + "." + p.name for p in cachedb.live._active[1]).count("CppBuilder.build"))
+        cachedb.live._close_at_exit()
+    """)
+    before, result, after = out.stdout.splitlines()[:3]
+    assert before == "[] False", out.stdout + out.stderr
+    assert result == "16.0"
+    assert after == "True True 1", out.stdout + out.stderr
+    from cachedb import CacheDB
+
+    with CacheDB(tmp_path / "env.db") as db, db.read() as repos:
+        kinds = {t["kind"] for t in repos.artifacts.totals()}
+    assert "cpp" in kinds, kinds
 
 
 def test_bootstrap_imports_nothing_start_up_has_not(tmp_path: Path) -> None:

@@ -301,6 +301,8 @@ def _on_seam_module(name: str, watch: Any) -> None:
         if watch.disarmed:
             return
         if _active is None:
+            if name in _autoload.PATCHED_AT_ACTIVATION:
+                return  # patched when a cache module activates cachedb
             _activate_deferred(watch)
         elif _deferred is None or _deferred.watch is not watch:
             return  # an explicit install() is active: it patched everything itself

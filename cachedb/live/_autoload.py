@@ -7,7 +7,11 @@ and neither does what it arms:
 1. after ``import torch`` has run, :class:`SeamWatch` goes on ``sys.meta_path``;
 2. right after each of :data:`SEAM_MODULES` has been executed, the watch hands it to
    ``cachedb.live`` (:func:`cachedb.live._on_seam_module`), which opens the database on the
-   first one and patches each module's seams as it arrives.
+   first one and patches each module's seams as it arrives. The C++ builder
+   (:data:`PATCHED_AT_ACTIVATION`) does not activate cachedb by itself: ``torch._dynamo``
+   imports it, and most processes that import Dynamo never compile (a library imports it at
+   its own import). Its seam is patched when a cache module activates cachedb, before any
+   compile builds C++ (Inductor imports ``codecache`` before its first build).
 
 A process that imports torch and never imports Inductor (a DataLoader worker started with
 ``spawn``, ``torchrun``'s launcher, a data-prep script under ``cachedb run``) so never imports
@@ -55,6 +59,15 @@ SEAM_MODULES = (
     "torch._inductor.codegen.cutlass.cache",
     "torch._inductor.codegen.cuda.cutlass_cache",
 )
+
+#: Seam modules patched when cachedb activates, whose own import does not activate it:
+#: ``torch._dynamo`` imports the C++ builder half-way through its import, so under
+#: ``cachedb run`` every process importing Dynamo (most libraries built on torch do) paid for
+#: importing cachedb and SQLAlchemy and opening the database (~0.2 s, §9), compiling or not.
+#: ``CppBuilder.build`` is looked up on the class at each build, and every build of a compile
+#: comes after ``torch._inductor.codecache`` has been imported (``CppCodeCache``,
+#: ``VecISA.check_build``), which activates cachedb and patches the builder then.
+PATCHED_AT_ACTIVATION = frozenset({"torch._inductor.cpp_builder"})
 
 
 class _AutomaticGCOff:
@@ -135,6 +148,14 @@ class SeamWatch:
                 self.in_flight.add(fullname)
             try:
                 exec_module(module)
+                if fullname in PATCHED_AT_ACTIVATION:
+                    # Out of flight first: an activation from here on patches it itself. One
+                    # already under way has imported cachedb.live: it is handed over below,
+                    # and patched once that activation is done.
+                    with self._lock:
+                        self.in_flight.discard(fullname)
+                    if "cachedb.live" not in sys.modules:
+                        return
                 self._loaded(fullname)
             finally:
                 with self._lock:
