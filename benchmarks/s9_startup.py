@@ -13,7 +13,8 @@ the machine's speed hits both. Cases:
 
 - ``import torch``: a process that never compiles (target ≤ 1.05x);
 - ``import torch._dynamo``: a library that imports Dynamo at import time (it imports
-  ``torch._inductor.cpp_builder``, a seam module: cachedb is imported, the database opened);
+  ``torch._inductor.cpp_builder``, a seam module patched when cachedb activates, which does not
+  activate it by itself: cachedb is not imported);
 - ``import torch._inductor.codecache``: what a compile imports before its first lookup, every
   seam module's patches included.
 
@@ -88,7 +89,8 @@ def run(ctx: Context) -> SectionResult:
         "Each sample is a fresh `python -c` process (interpreter start and exit included); cachedb's "
         "environment is `child_environment(db)`, what `cachedb run` gives its program; pairs alternate "
         "which runs first. `import torch` alone imports neither cachedb nor Inductor; `torch._dynamo` "
-        "imports `torch._inductor.cpp_builder`, the first seam module, so that row pays for importing "
-        "cachedb and opening the database."
+        "imports `torch._inductor.cpp_builder`, a seam module that does not activate cachedb by itself "
+        "(patched when a cache module does); `torch._inductor.codecache` activates it, so that row pays "
+        "for importing cachedb and opening the database."
     )
     return res
