@@ -452,8 +452,8 @@ def test_importing_dynamo_alone_does_not_activate_and_a_compile_after_it_builds_
     tmp_path: Path,
 ) -> None:
     """``torch._dynamo`` imports the C++ builder, a seam module, half-way through its own
-    import; most processes that import Dynamo (libraries built on torch import it at their
-    own import) never compile. Under cachedb's environment such a process imports neither
+    import; a process may import Dynamo (some libraries built on torch import it at their
+    own import) and never compile. Under cachedb's environment such a process imports neither
     cachedb nor SQLAlchemy. When the same process then compiles, importing Inductor's cache
     module activates cachedb and patches the C++ builder imported before it: a real CPU
     compile's kernel library is built through cachedb's seam and stored in the database."""

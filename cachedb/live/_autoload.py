@@ -9,8 +9,8 @@ and neither does what it arms:
    ``cachedb.live`` (:func:`cachedb.live._on_seam_module`), which opens the database on the
    first one and patches each module's seams as it arrives. The C++ builder
    (:data:`PATCHED_AT_ACTIVATION`) does not activate cachedb by itself: ``torch._dynamo``
-   imports it, and most processes that import Dynamo never compile (a library imports it at
-   its own import). Its seam is patched when a cache module activates cachedb, before any
+   imports it, and a process may import Dynamo and never compile (some libraries import it at
+   their own import). Its seam is patched when a cache module activates cachedb, before any
    compile builds C++ (Inductor imports ``codecache`` before its first build).
 
 A process that imports torch and never imports Inductor (a DataLoader worker started with
@@ -62,7 +62,7 @@ SEAM_MODULES = (
 
 #: Seam modules patched when cachedb activates, whose own import does not activate it:
 #: ``torch._dynamo`` imports the C++ builder half-way through its import, so under
-#: ``cachedb run`` every process importing Dynamo (most libraries built on torch do) paid for
+#: ``cachedb run`` every process importing Dynamo (some libraries built on torch do) paid for
 #: importing cachedb and SQLAlchemy and opening the database (~0.2 s, §9), compiling or not.
 #: ``CppBuilder.build`` is looked up on the class at each build, and every build of a compile
 #: comes after ``torch._inductor.codecache`` has been imported (``CppCodeCache``,
