@@ -20,7 +20,7 @@ import time
 def main() -> None:
     cache_dir, db_path, workers_arg = sys.argv[1], sys.argv[2], sys.argv[3]
     from cachedb import CacheDB
-    from cachedb.importer import Importer
+    from cachedb.layout.importer import Importer
 
     workers = None if workers_arg == "default" else int(workers_arg)
     db = CacheDB(db_path)

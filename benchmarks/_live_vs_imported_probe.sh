@@ -23,7 +23,7 @@ child cachedb-cold live-cold --cache-dir $W/live-cold/inductor --db $W/live.db
 python3 -c "
 from cachedb import CacheDB
 from cachedb.fingerprint import cpp_host_key, current
-from cachedb.importer import Importer
+from cachedb.layout.importer import Importer
 with CacheDB('$W/imported.db') as db: Importer(db, fingerprint=current(), host_key=cpp_host_key()).run('$W/cold/inductor')" || exit 1
 for r in $(seq 1 $PAIRS); do
   child cachedb warm-live$r --cache-dir $W/warm-live$r/inductor --db $W/live.db

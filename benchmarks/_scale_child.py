@@ -31,7 +31,7 @@ def main() -> None:
 
     import cachedb
     from cachedb import CacheDB
-    from cachedb.importer import Importer
+    from cachedb.layout.importer import Importer
 
     from . import _payloads as P
     from ._stats import time_ops

@@ -8,7 +8,7 @@
 - ``mega``: ``torch.compiler.load_cache_artifacts(FILE bytes)`` into the empty DIR, then
   compile;
 - ``cachedb``: compile with the database: ``with cachedb.installed(db)`` (or, if the parent
-  passes ``--cachedb-via export``, ``cachedb.exporter.export_cache_dir(db, DIR)`` first);
+  passes ``--cachedb-via export``, ``cachedb.layout.exporter.export_cache_dir(db, DIR)`` first);
 - ``cachedb-cold``: like ``cachedb`` with an empty database (cold compile writing to it).
 
 ``--device cuda`` runs the GPU workloads (:mod:`benchmarks._gpu_workloads`) with Inductor's
@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         seconds["import_cachedb"] = time.perf_counter() - t
         t = time.perf_counter()
         if args.cachedb_via == "export" and args.mode == "cachedb":
-            from cachedb.exporter import export_cache_dir
+            from cachedb.layout.exporter import export_cache_dir
 
             with cachedb.CacheDB(args.db) as db:
                 export_cache_dir(db, args.cache_dir)

@@ -19,6 +19,6 @@ echo "cold $(child files --cache-dir $W/cold/inductor 2>$OUT/cold.err)"
 python3 -c "
 from cachedb import CacheDB
 from cachedb.fingerprint import cpp_host_key, current
-from cachedb.importer import Importer
+from cachedb.layout.importer import Importer
 with CacheDB('$W/imported.db') as db: Importer(db, fingerprint=current(), host_key=cpp_host_key()).run('$W/cold/inductor')" || exit 1
 for r in $(seq 1 $PAIRS); do echo "local$r $(child files --cache-dir $W/cold/inductor 2>>$OUT/err.txt)"; echo "db$r $(child cachedb --cache-dir $W/db$r/inductor --db $W/imported.db 2>>$OUT/err.txt)"; done

@@ -126,7 +126,7 @@ def _triton_fill(ctx: Context, res: SectionResult, triton_root: Path | None) -> 
     import shutil
 
     from cachedb import CacheDB
-    from cachedb.importer import Importer
+    from cachedb.layout.importer import Importer
     from cachedb.live._artifacts import KernelArtifacts
     from cachedb.live._store import LiveStore
 
@@ -179,7 +179,7 @@ def _triton_fill(ctx: Context, res: SectionResult, triton_root: Path | None) -> 
 def run(ctx: Context) -> SectionResult:
     from cachedb import CacheDB
     from cachedb.fingerprint import cpp_host_key, current
-    from cachedb.importer import Importer
+    from cachedb.layout.importer import Importer
 
     res = SectionResult(NAME, TITLE)
     gpu = ctx.device == "cuda"

@@ -56,7 +56,7 @@ def run(ctx: Context) -> SectionResult:
     import cachedb
     from cachedb import CacheDB
     from cachedb.fingerprint import current as current_fingerprint
-    from cachedb.importer import Importer
+    from cachedb.layout.importer import Importer
     from torch._inductor.codecache import CacheBase, PersistentCache
 
     res = SectionResult(NAME, TITLE)

@@ -12,7 +12,7 @@ cachedb (repositories): one transaction per call, as a caller pays it —
 cachedb (live): the same ``LocalAutotuneCache`` calls inside ``cachedb.installed(db)``
 (``backend_override_cls`` serves them from the database; gets from the process's copy of
 every best config once it is loaded, checked per get against the database's wal-index header,
-which stands in for ``PRAGMA data_version``: cachedb/_wal_index.py),
+which stands in for ``PRAGMA data_version``: cachedb/store/wal_index.py),
 interleaved with the others. Its targets are issue 11's: get ≤ 0.5x, put ≤ 1.0x of the files.
 
 Strawman: :class:`benchmarks.naive_sqlite.NaiveSQLiteStore` (a connection per call, default
@@ -127,10 +127,10 @@ def run(ctx: Context) -> SectionResult:
         # commits (cachedb/live/_best_configs.py): one PRAGMA data_version.
         raw_version = time_ops(lambda i: raw.execute("PRAGMA data_version").fetchone(), range(n))
         # ... or one read of the wal-index header through SQLite's own -shm descriptor, which the
-        # live get makes instead while the header holds still (cachedb/_wal_index.py).
+        # live get makes instead while the header holds still (cachedb/store/wal_index.py).
         import os
 
-        from cachedb import _wal_index
+        from cachedb.store import wal_index as _wal_index
 
         descriptor = _wal_index.find(str(db_path))
         raw_header = (
@@ -192,7 +192,7 @@ def run(ctx: Context) -> SectionResult:
         f"transaction, no SQLAlchemy) takes {raw_us:.1f} us median on the same database, so of cachedb's "
         f"{rows[0].cachedb.median:.0f} us get about {rows[0].cachedb.median - raw_us:.0f} us is the "  # type: ignore[union-attr]
         "per-call cost of `CacheDB.read()` (the kept connection's lock, the driver's BEGIN and ROLLBACK around "
-        "the snapshot) and the repository call (its prebuilt statement run on the driver, cachedb/_prebuilt.py), "
+        "the snapshot) and the repository call (its prebuilt statement run on the driver, cachedb/store/prebuilt.py), "
         "rather than SQLite itself."
     )
     floor_us = seconds_to(us, floor_get).median

@@ -220,7 +220,7 @@ def _real_case(ctx: Context, res: SectionResult) -> None:
     """Put and get of real FX graph / AOTAutograd variants, files against live (see the module
     docstring). Rows in ms per entry; the notes give the entries' sizes and the per-entry
     decompression and ``pickle.loads`` (the floor both sides share)."""
-    from cachedb import _payload
+    from cachedb.store import payload as _payload
     from torch._functorch._aot_autograd.autograd_cache import AOTAutogradCache
     from torch._inductor.codecache import FxGraphCache
 
@@ -337,8 +337,8 @@ def _real_case(ctx: Context, res: SectionResult) -> None:
 def run(ctx: Context) -> SectionResult:
     import cachedb
     from cachedb import CacheDB
-    from cachedb._own_pickle import read_own_entry_fields
-    from cachedb._pickle_scan import read_entry_fields
+    from cachedb.formats.own_pickle import read_own_entry_fields
+    from cachedb.formats.pickle_scan import read_entry_fields
     from torch._inductor.codecache import FxGraphCache
 
     res = SectionResult(NAME, TITLE)
@@ -442,7 +442,7 @@ def run(ctx: Context) -> SectionResult:
                 res.extra["payloads"][label]["first_get"] = first
             # Where a cachedb put's time goes, for the notes: the scan, hashing and zstd alone
             # (medians of 5, seconds).
-            from cachedb import _payload
+            from cachedb.store import payload as _payload
 
             scan_s = _median_s(lambda: read_entry_fields(payloads[0]))
             own_s = _median_s(lambda: read_own_entry_fields(payloads[0]))

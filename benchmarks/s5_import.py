@@ -6,8 +6,8 @@ them; some keys with two guarded variants), 10 % ``.best_config`` files and one
 ``cache/<system hash>`` JSON document with 5,000 timings.
 
 cachedb: ``Importer(CacheDB(fresh db)).run(dir)``, wall time (s), as ``cachedb import`` runs it
-(guarded entry files read, checked and compressed by worker processes, ``cachedb/
-_import_pool.py``), and the same import with ``workers=0`` (everything in one process), in
+(guarded entry files read, checked and compressed by worker processes, ``cachedb/layout/pool.py``), and
+the same import with ``workers=0`` (everything in one process), in
 alternation, each in a fresh interpreter that imports cachedb and not torch
 (:mod:`benchmarks._import_child`), as the ``cachedb import`` command runs. One more import per
 repetition runs in the benchmark's own process, for comparison: it holds torch and what §1–§4
@@ -41,7 +41,7 @@ TITLE = "Import of a generated cache dir (entries/s)"
 
 #: Profile groups: (label, substrings of the function's file name or name).
 _GROUPS = [
-    ("pickle scan (cachedb/_pickle_scan.py + pickletools)", ("_pickle_scan", "pickletools")),
+    ("pickle scan (cachedb/formats/pickle_scan.py + pickletools)", ("formats/pickle_scan", "pickletools")),
     ("SQLAlchemy (Core/ORM: statement building, execution, result handling)", ("sqlalchemy",)),
     ("sqlite3 driver (executing SQL)", ("sqlite3", "method 'execute'", "method 'executemany'",
                                          "method 'fetch", "method 'commit'")),
@@ -56,19 +56,19 @@ _GROUPS = [
 #: Cumulative time of these (label, file-name suffix, function name) is reported as a share of
 #: the whole profiled import: the steps of ``Importer.run``.
 _STEPS = [
-    ("walk (scandir + stat every file, classify; cachedb/_import_walk.py)", "cachedb/_import_walk.py", "_classify"),
-    ("Importer._import_batch (per batch: read, check, write)", "cachedb/importer.py", "_import_batch"),
-    ("_check_guarded (name check + pickle scan)", "cachedb/importer.py", "_check_guarded"),
-    ("read_entry_fields (pickle opcode scan)", "cachedb/_pickle_scan.py", "read_entry_fields"),
+    ("walk (scandir + stat every file, classify; cachedb/layout/walk.py)", "cachedb/layout/walk.py", "_classify"),
+    ("Importer._import_batch (per batch: read, check, write)", "cachedb/layout/importer.py", "_import_batch"),
+    ("_check_guarded (name check + pickle scan)", "cachedb/layout/importer.py", "_check_guarded"),
+    ("read_entry_fields (pickle opcode scan)", "cachedb/formats/pickle_scan.py", "read_entry_fields"),
     ("GuardedEntryRepository.put_many_pickled (bulk insert)", "repositories/guarded.py", "put_many_pickled"),
     ("GuardedEntryRepository.put (one by one)", "repositories/guarded.py", "put"),
-    ("Importer._store (bulk store per kind, savepoint)", "cachedb/importer.py", "_store"),
+    ("Importer._store (bulk store per kind, savepoint)", "cachedb/layout/importer.py", "_store"),
     ("BestConfigRepository.put_many (bulk insert)", "repositories/best_configs.py", "put_many"),
-    ("Importer._import_one (timings document, CUTLASS lists: one by one)", "cachedb/importer.py", "_import_one"),
-    ("timings document (_import_local_cache)", "cachedb/importer.py", "_import_local_cache"),
+    ("Importer._import_one (timings document, CUTLASS lists: one by one)", "cachedb/layout/importer.py", "_import_one"),
+    ("timings document (_import_local_cache)", "cachedb/layout/importer.py", "_import_local_cache"),
     ("SAVEPOINT (Connection.begin_nested)", "engine/base.py", "begin_nested"),
     ("RELEASE SAVEPOINT (SessionTransaction.commit)", "orm/session.py", "commit"),
-    ("_payload.pack (zstd)", "cachedb/_payload.py", "pack"),
+    ("_payload.pack (zstd)", "cachedb/store/payload.py", "pack"),
     ("keys.sha256_hash", "cachedb/keys.py", "sha256_hash"),
 ]
 
@@ -141,7 +141,7 @@ def _import_in_child(root: Path, db_path: Path, workers: int | None) -> float:
 
 def run(ctx: Context) -> SectionResult:
     from cachedb import CacheDB
-    from cachedb.importer import Importer
+    from cachedb.layout.importer import Importer
 
     res = SectionResult(NAME, TITLE)
     n_files = 2_000 if ctx.quick else 10_000
@@ -205,7 +205,7 @@ def run(ctx: Context) -> SectionResult:
 
     rate = summarize([small_entries / s for s in import_s], "entries/s")
     target = 20_000
-    from cachedb._import_pool import default_workers
+    from cachedb.layout.pool import default_workers
 
     n_workers = default_workers()
     pool = f"{n_workers} worker process{'' if n_workers == 1 else 'es'}"

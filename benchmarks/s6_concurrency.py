@@ -96,7 +96,7 @@ def _count_db(db: Path, n: int) -> int:
 
 def run(ctx: Context) -> SectionResult:
     from cachedb import CacheDB, Fingerprint
-    from cachedb.importer import Importer
+    from cachedb.layout.importer import Importer
     from torch._inductor.codecache import PersistentCache
 
     res = SectionResult(NAME, TITLE)

@@ -53,7 +53,7 @@ def _dbstat(db_path: Path) -> dict[str, int]:
 
 def _import(ctx: Context, root: Path) -> tuple[Path, int]:
     from cachedb import CacheDB
-    from cachedb.importer import Importer
+    from cachedb.layout.importer import Importer
 
     db_path = ctx.tmpdir("diskdb") / "cache.db"
     db = CacheDB(db_path)

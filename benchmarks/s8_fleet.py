@@ -17,7 +17,7 @@ Warm start (real ``torch.compile``, a fresh process per sample, §1's CPU worklo
 Round trips: statements B's lookups ran on the remote (``RemoteTier.counts``, counted with a
 SQLAlchemy ``before_cursor_execute`` event), against the FX/AOTAutograd lookups torch made.
 
-Copy and merge (``cachedb.copy``), each target on the workload it names: payload throughput
+Copy and merge (``cachedb.fleet.copy``), each target on the workload it names: payload throughput
 (MB/s) on a synthetic cache of pickled FX/AOTAutograd entries and best configs, small-row
 throughput (rows/s) on one of autotune timings (:mod:`benchmarks._payloads`), each imported
 into SQLite, then copied to PostgreSQL, copied back to a new SQLite file, and merged into
@@ -141,8 +141,8 @@ def _copy_throughput(ctx: Context, res: SectionResult, schemas: list[str]) -> No
     """Payload throughput on a cache of pickled entries, row throughput on a cache of small rows
     (timings): the two targets of the issue, each on the workload it names."""
     from cachedb import CacheDB
-    from cachedb.copy import copy_database, merge_databases
-    from cachedb.importer import Importer
+    from cachedb.fleet.copy import copy_database, merge_databases
+    from cachedb.layout.importer import Importer
 
     n_files, entry_bytes, n_timings = (300, 50_000, 5_000) if ctx.quick else (2_000, 100_000, 50_000)
     sources = {}

@@ -26,11 +26,11 @@ from ._errors import (
     SchemaTooOldError,
     TorchUnavailableError,
 )
+from ._version import __version__
 from .db import CacheDB, Repos
 from .fingerprint import Fingerprint
 from .live import install, installed, is_installed, uninstall
 
-__version__ = "0.1.0"
 
 __all__ = [
     "BadInputError",

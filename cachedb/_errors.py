@@ -116,7 +116,7 @@ class CorruptPayloadError(CacheDBError):
 
 
 class CorruptBlobError(CorruptPayloadError):
-    """A kernel blob (:class:`~cachedb.models.KernelBlob`) fails its SHA-256 or does not
+    """A kernel blob (:class:`~cachedb.store.models.KernelBlob`) fails its SHA-256 or does not
     decompress; ``sha256`` names it. Its files are never written out."""
 
     def __init__(self, where: str, reason: str, sha256: str) -> None:
@@ -126,4 +126,4 @@ class CorruptBlobError(CorruptPayloadError):
 
 class CopyError(CacheDBError):
     """A database-to-database copy or merge was refused or failed (``cachedb copy``,
-    ``cachedb merge``, :mod:`cachedb.copy`); the message names the database and the reason."""
+    ``cachedb merge``, :mod:`cachedb.fleet.copy`); the message names the database and the reason."""

@@ -12,8 +12,8 @@ from sqlalchemy import Engine, inspect
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import ArgumentError, DatabaseError, OperationalError
 
-from . import _migrate
-from ._engine import (
+from .store import migrate
+from .store.engine import (
     WRITE_OPTION,
     KeptConnection,
     create_cachedb_engine,
@@ -22,7 +22,7 @@ from ._engine import (
     to_url,
 )
 from ._errors import DatabaseOpenError, NotADatabaseError
-from ._signing import Signer
+from .store.signing import Signer
 from .repositories import (
     AutotuneTimingRepository,
     BestConfigRepository,
@@ -41,11 +41,11 @@ if TYPE_CHECKING:
 def _session_class() -> type[Session]:
     """The ORM :class:`~sqlalchemy.orm.Session` class of :attr:`Repos.session`, made on first
     use: the hot paths (:meth:`CacheDB.lookup`, :meth:`CacheDB.write`) run Core statements, so
-    a compiling process never loads ``sqlalchemy.orm`` (:mod:`cachedb.tables`).
+    a compiling process never loads ``sqlalchemy.orm`` (:mod:`cachedb.store.tables`).
 
     Its :meth:`~sqlalchemy.orm.Session.begin_nested` emits the ``SAVEPOINT`` at once, where
     SQLAlchemy's waits for the Session's next statement: the repositories run their prebuilt
-    statements on the Session's connection (:mod:`cachedb._prebuilt`), and those must fall
+    statements on the Session's connection (:mod:`cachedb.store.prebuilt`), and those must fall
     inside the savepoint the caller asked for."""
     global _SESSION_CLASS
     if _SESSION_CLASS is None:
@@ -151,10 +151,10 @@ class CacheDB:
     ``CacheDB(location)`` opens ``location`` (a file path or a URL such as
     ``postgresql+psycopg://127.0.0.1/test``; ``None`` = :func:`default_location`), creates it
     if absent, and upgrades its schema to the code's head revision under a file lock.
-    ``signer`` (default: from ``$CACHEDB_HMAC_KEY``, see :mod:`cachedb._signing`) signs what
+    ``signer`` (default: from ``$CACHEDB_HMAC_KEY``, see :mod:`cachedb.store.signing`) signs what
     is written and refuses to serve what does not verify. ``network_timeout_s`` bounds, in
     seconds, connecting to a server database and each statement there (see
-    :func:`~cachedb._engine.create_cachedb_engine`).
+    :func:`~cachedb.store.engine.create_cachedb_engine`).
 
     Raises:
         NotADatabaseError: the path holds a file that is not SQLite (left untouched).
@@ -187,7 +187,7 @@ class CacheDB:
             raise DatabaseOpenError(f"{raw}: not a usable database location or URL: {exc}") from exc
         try:
             if upgrade:
-                _migrate.upgrade(self.engine, where=self.where)
+                migrate.upgrade(self.engine, where=self.where)
             else:
                 self.check_schema()
         except (OperationalError, DatabaseError, UnicodeDecodeError) as exc:
@@ -206,18 +206,18 @@ class CacheDB:
     def revision(self) -> str | None:
         """The schema revision stamped in the database (``None``: empty database)."""
         with self.engine.connect() as conn:
-            return _migrate.current_revision(conn)
+            return migrate.current_revision(conn)
 
     def check_schema(self) -> None:
         """Raise :class:`~cachedb.SchemaTooNewError` if the database is ahead of the code."""
         with self.engine.connect() as conn:
-            if _migrate._stamped_revision(conn) == _migrate.HEAD_REVISION:
+            if migrate._stamped_revision(conn) == migrate.HEAD_REVISION:
                 return  # the common case, without importing Alembic
-        _migrate._check_known(self.where, self.revision())
+        migrate._check_known(self.where, self.revision())
 
     def upgrade(self) -> bool:
         """Apply pending migrations (under the file lock). Returns True if any ran."""
-        return _migrate.upgrade(self.engine, where=self.where)
+        return migrate.upgrade(self.engine, where=self.where)
 
     def table_names(self) -> list[str]:
         return sorted(inspect(self.engine).get_table_names())
@@ -260,9 +260,9 @@ class CacheDB:
 
         On the connection kept for this process when it is free (no pool checkout, and on
         SQLite a ``BEGIN`` / ``ROLLBACK`` of the driver's: :meth:`KeptConnection.snapshot
-        <cachedb._engine.KeptConnection.snapshot>`), else (another thread's, a nested block's)
+        <cachedb.store.engine.KeptConnection.snapshot>`), else (another thread's, a nested block's)
         on a pooled one. The repositories run their prebuilt Core statements on it
-        (:mod:`cachedb._prebuilt`); ``repos.session`` is an ORM ``Session`` on it, made on
+        (:mod:`cachedb.store.prebuilt`); ``repos.session`` is an ORM ``Session`` on it, made on
         first use."""
         with self.kept.snapshot() as kept:
             if kept is not None:
@@ -287,7 +287,7 @@ class CacheDB:
         statements on a plain :class:`~sqlalchemy.Connection` (no ORM ``Session``).
 
         The connection is the one kept for this process (:meth:`KeptConnection.snapshot
-        <cachedb._engine.KeptConnection.snapshot>`: no pool checkout), with ``BEGIN`` ...
+        <cachedb.store.engine.KeptConnection.snapshot>`: no pool checkout), with ``BEGIN`` ...
         ``ROLLBACK`` around the block so that the snapshot ends with it; a nested block or
         another thread's gets a pooled connection.
         """

@@ -1,6 +1,6 @@
 """Alembic environment for cachedb's packaged migrations.
 
-Run programmatically by :mod:`cachedb._migrate`, which passes an open connection in
+Run programmatically by :mod:`cachedb.store.migrate`, which passes an open connection in
 ``config.attributes["connection"]``; the ``alembic`` command line works too, with
 ``-x url=<sqlalchemy url>`` (see README).
 """
@@ -10,10 +10,10 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import create_engine
 
-from cachedb.tables import metadata
+from cachedb.store.tables import metadata
 
 config = context.config
-#: The schema as Core tables (``cachedb.models`` maps the same ``MetaData``): a process that
+#: The schema as Core tables (``cachedb.store.models`` maps the same ``MetaData``): a process that
 #: creates its database while it compiles does not load the ORM for it.
 target_metadata = metadata
 

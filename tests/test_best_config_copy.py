@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from cachedb import CacheDB
-from cachedb._signing import ENV_KEY, Signer
+from cachedb.store.signing import ENV_KEY, Signer
 from cachedb.live import _best_configs
 from cachedb.live._store import LiveStore
 
@@ -225,7 +225,7 @@ store.close()
 
 def test_every_commit_of_another_process_is_seen_by_the_next_get(tmp_path: Path) -> None:
     """Between commits a loaded copy answers without running a statement (on Linux the
-    wal-index header, cachedb/_wal_index.py, stands in for PRAGMA data_version); each of 30
+    wal-index header, cachedb/store/wal_index.py, stands in for PRAGMA data_version); each of 30
     commits another process makes, each acknowledged before the get, is seen by that get, and
     the copy is loaded again after it."""
     path = tmp_path / "c.db"

@@ -14,7 +14,7 @@ from click.testing import CliRunner, Result
 
 from cachedb import CacheDB
 from cachedb.cli import main
-from cachedb.models import GuardedEntry
+from cachedb.store.models import GuardedEntry
 
 COMMANDS = ["init", "import", "export", "stats", "query", "upgrade", "verify", "prune", "run"]
 
@@ -35,7 +35,7 @@ def test_python_dash_m(tmp_path: Path) -> None:
     out = subprocess.run(
         [sys.executable, "-m", "cachedb", "--db", str(db), "init"], capture_output=True, text=True, check=True
     )
-    from cachedb._migrate import head_revision
+    from cachedb.store.migrate import head_revision
 
     assert out.stdout.strip() == f"{db}: schema revision {head_revision()}"
 
@@ -119,8 +119,8 @@ from collections.abc import Iterator  # noqa: E402
 
 from rich.console import Console  # noqa: E402
 
-from cachedb.cli import ProgressBar  # noqa: E402
-from cachedb.importer import Importer  # noqa: E402
+from cachedb.cli._common import ProgressBar  # noqa: E402
+from cachedb.layout.importer import Importer  # noqa: E402
 
 from .reliability import _synth  # noqa: E402
 
@@ -354,8 +354,8 @@ def request_cleanup() -> Iterator[list[Path]]:
 @pytest.mark.parametrize("command", ["stats", "import", "init"])
 def test_foreign_owned_database_is_one_line(command: str, populated: Path, request_cleanup: list[Path]) -> None:
     """Another user's database (root's, mode 0644, in root's directory), used by `nobody`."""
-    import cachedb._migrate  # noqa: F401  (imported before the fork: nobody cannot read /root)
-    import cachedb.stats  # noqa: F401
+    import cachedb.store.migrate  # noqa: F401  (imported before the fork: nobody cannot read /root)
+    import cachedb.tools.stats  # noqa: F401
 
     import tempfile
 

@@ -1,4 +1,4 @@
-"""``cachedb copy`` and ``cachedb merge`` (cachedb/copy.py, cachedb/cli_copy.py) on real databases:
+"""``cachedb copy`` and ``cachedb merge`` (cachedb/fleet/copy.py, cachedb/cli/copy.py) on real databases:
 a real Inductor cache (examples/build_cache.py, torch 2.13 CPU) imported, plus kernel files, a
 real CUTLASS op list and a quarantined entry, on SQLite and on the local PostgreSQL."""
 
@@ -18,12 +18,12 @@ from click.testing import CliRunner, Result
 from sqlalchemy import inspect, select, text
 
 from cachedb import CacheDB, SchemaTooNewError
-from cachedb import _migrate
-from cachedb._local_cache_doc import ValueLeaf
-from cachedb._payload import unpack
-from cachedb._signing import ENV_KEY, Signer
+from cachedb.store import migrate as _migrate
+from cachedb.formats.local_cache_doc import ValueLeaf
+from cachedb.store.payload import unpack
+from cachedb.store.signing import ENV_KEY, Signer
 from cachedb.cli import main
-from cachedb.copy import (
+from cachedb.fleet.copy import (
     MARKER_TABLE,
     TABLES,
     CopyProgress,
@@ -33,9 +33,9 @@ from cachedb.copy import (
     copy_database,
     merge_databases,
 )
-from cachedb.cutlass_ops import parse_op_list
-from cachedb.importer import Importer
-from cachedb.models import AUTOTUNE_TIMINGS, Base
+from cachedb.formats.cutlass_ops import parse_op_list
+from cachedb.layout.importer import Importer
+from cachedb.store.models import AUTOTUNE_TIMINGS, Base
 from cachedb.repositories.timings import next_position
 
 pytestmark = pytest.mark.slow
@@ -172,7 +172,7 @@ def test_copy_sqlite_to_postgresql_and_back_is_identical(real_cache: tuple[Path,
     assert dump(back) == original
     # FX graph / AOTAutograd payloads change form between the two: compressed in PostgreSQL,
     # as they are (these are all under 1 MiB) in the SQLite files, byte for byte the source's
-    from cachedb._payload import STORED_LEVEL, ZSTD_LEVEL, pack
+    from cachedb.store.payload import STORED_LEVEL, ZSTD_LEVEL, pack
 
     for location, level in ((pg_url, ZSTD_LEVEL), (str(back), STORED_LEVEL), (str(src), STORED_LEVEL)):
         with CacheDB(location, upgrade=False) as db, db.engine.connect() as conn:
@@ -187,7 +187,7 @@ def test_copy_sqlite_to_postgresql_and_back_is_identical(real_cache: tuple[Path,
 
     assert entries_and_bytes(pg_url) == entries_and_bytes(str(src))
     assert file_state(src) == before, "the source was modified"
-    # Rows go through the drivers (cachedb/_bulk.py), not SQLAlchemy: SQLite's stored forms
+    # Rows go through the drivers (cachedb/store/bulk.py), not SQLAlchemy: SQLite's stored forms
     # (timestamps as SQLAlchemy's UTC text, booleans as 0/1, payloads as blobs) are unchanged.
     raw = "SELECT {} FROM {} ORDER BY {}"
     for table, cols, order in (("autotune_timings", "recorded_at, typeof(timing_ms), timing_ms", "position, choice_hash"),
@@ -216,7 +216,7 @@ def test_copy_of_clean_database_verifies(real_cache: tuple[Path, dict], tmp_path
 def test_copy_of_a_4_kib_page_database_takes_the_new_page_size(real_cache: tuple[Path, dict], tmp_path: Path) -> None:
     """A database made at SQLite's default page size (cachedb before 16 KiB pages) keeps it;
     ``cachedb copy`` into a new file gives the copy PAGE_SIZE pages and every row."""
-    from cachedb._engine import PAGE_SIZE
+    from cachedb.store.engine import PAGE_SIZE
 
     cache_dir, _ = real_cache
     src = filled(tmp_path / "src.db", cache_dir, quarantine=False)
@@ -259,7 +259,7 @@ def test_repack_stores_an_older_databases_small_entries_as_they_are_and_keeps_si
     as stored, and every entry keeps its content; the copy verifies under the same key, and a
     second ``--repack`` finds nothing to re-encode. A plain copy keeps every frame byte for
     byte."""
-    from cachedb._payload import LEVEL_ENV, STORED_LEVEL, pack
+    from cachedb.store.payload import LEVEL_ENV, STORED_LEVEL, pack
 
     def stored_as_is(frame: bytes, content: bytes) -> bool:
         return frame == pack(content, level=STORED_LEVEL).blob
@@ -307,7 +307,7 @@ def test_repack_copies_a_payload_that_fails_its_checks_as_stored(
     """One compressed small entry with a flipped byte in its frame: ``--repack`` copies it as
     stored (counted, the summary says so), re-encodes the others, and ``verify`` on the copy
     still finds the damage."""
-    from cachedb._payload import LEVEL_ENV
+    from cachedb.store.payload import LEVEL_ENV
 
     cache_dir, _ = real_cache
     src = tmp_path / "old.db"
@@ -403,7 +403,7 @@ def test_reader_thread_hands_over_errors_and_stops_with_the_consumer() -> None:
     """copy's read-ahead (``_prefetched``, used for PostgreSQL targets): an exception of the
     reader reaches the consumer after the items before it; a consumer that stops early stops
     the reader and closes the source iterator."""
-    from cachedb.copy import _prefetched
+    from cachedb.fleet.copy import _prefetched
 
     def failing():
         yield 1

@@ -22,7 +22,7 @@ import pytest
 from sqlalchemy import text
 
 from cachedb import CacheDB
-from cachedb.importer import Importer
+from cachedb.layout.importer import Importer
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("cutlass_library")
@@ -94,7 +94,7 @@ sys.addaudithook(audit)
 import torch
 import torch._inductor.config as config
 import cachedb
-from cachedb.cutlass_gen import _clear_caches, installed_cutlass_root
+from cachedb.layout.cutlass_gen import _clear_caches, installed_cutlass_root
 from torch._inductor.codecache import cutlass_key
 from torch._inductor.codegen.cuda import cuda_env
 from torch._inductor.codegen.cutlass import cache, serialization, utils
@@ -175,7 +175,7 @@ def test_generate_reproduces_corpus_ops(corpus_bytes: bytes, tmp_path: Path) -> 
     expected = _run_json(
         """
         import json, sys, torch._inductor.config as config
-        from cachedb.cutlass_gen import installed_cutlass_root
+        from cachedb.layout.cutlass_gen import installed_cutlass_root
         from torch._inductor.codegen.cutlass.cache import get_config_request_key
         with config.patch({"cutlass.cutlass_dir": str(installed_cutlass_root(sys.argv[1]))}):
             print(json.dumps({"key": get_config_request_key("90", "12.8", "0")}))
@@ -214,7 +214,7 @@ def test_generate_reproduces_corpus_ops(corpus_bytes: bytes, tmp_path: Path) -> 
 
 
 def test_generate_without_cutlass_root_raises(tmp_path: Path) -> None:
-    from cachedb.cutlass_gen import CutlassUnavailableError, generate
+    from cachedb.layout.cutlass_gen import CutlassUnavailableError, generate
 
     with pytest.raises(CutlassUnavailableError, match="not a CUTLASS root"):
         generate("90", "12.8", cutlass_dir=tmp_path)
@@ -224,7 +224,7 @@ def test_missing_cutlass_library_raises(tmp_path: Path, monkeypatch: pytest.Monk
     import importlib.util
 
     from cachedb import CacheDBError
-    from cachedb import cutlass_gen
+    from cachedb.layout import cutlass_gen
 
     real = importlib.util.find_spec
     monkeypatch.setattr(
@@ -242,7 +242,7 @@ def test_missing_torch_raises_torch_unavailable(tmp_path: Path) -> None:
             import sys
             sys.modules["torch"] = None  # import torch raises ImportError
             from cachedb import TorchUnavailableError
-            from cachedb.cutlass_gen import generate
+            from cachedb.layout.cutlass_gen import generate
             try:
                 generate("90", "12.8")
             except TorchUnavailableError as exc:

@@ -1,4 +1,4 @@
-"""cachedb.cutlass_ops on the real CUTLASS op list (torch 2.13 ``gen_ops`` + serializer, arch 90),
+"""cachedb.formats.cutlass_ops on the real CUTLASS op list (torch 2.13 ``gen_ops`` + serializer, arch 90),
 checked against torch's own ``CUTLASSOperationSerializer.deserialize``
 (torch/_inductor/codegen/cutlass/serialization.py) where torch and cutlass_library are present."""
 
@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-import cachedb.cutlass_ops as cutlass_ops_module
+import cachedb.formats.cutlass_ops as cutlass_ops_module
 from cachedb._errors import BadInputError, CutlassOpListError
-from cachedb.cutlass_ops import CutlassOpRow, infer_arch, parse_op_list
+from cachedb.formats.cutlass_ops import CutlassOpRow, infer_arch, parse_op_list
 
 #: The real op list, kept in the repository (tests/data/, 550 KB gzipped) so a plain clone passes.
 CORPUS = Path(__file__).resolve().parent / "data" / "configs_b15d29dd.json.gz"

@@ -20,8 +20,8 @@ import pytest
 from click.testing import CliRunner
 
 from cachedb.cli import main
-from cachedb.datasette import QUERIES, TABLES, database_name, metadata
-from cachedb.models import VIEW_NAMES, Base
+from cachedb.tools.datasette import QUERIES, TABLES, database_name, metadata
+from cachedb.store.models import VIEW_NAMES, Base
 
 from .test_report import fill_report_db
 

@@ -23,11 +23,11 @@ from sqlalchemy import DateTime
 from sqlalchemy.dialects.sqlite import dialect as sqlite_dialect
 
 from cachedb import CacheDB
-from cachedb._engine import begin_immediate
-from cachedb._prebuilt import _sqlite_datetime
+from cachedb.store.engine import begin_immediate
+from cachedb.store.prebuilt import _sqlite_datetime
 from cachedb.fingerprint import current as current_fingerprint
 from cachedb.live._store import LazyOpTimings, LiveStore
-from cachedb.models import BestConfig
+from cachedb.store.models import BestConfig
 from cachedb.repositories import best_configs as best_configs_repo
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -249,7 +249,7 @@ def _best_config_rows(db: CacheDB) -> list[tuple]:  # type: ignore[type-arg]
     """Every best config as the ORM reads it (its DateTime processing included)."""
     from sqlalchemy import select
 
-    from cachedb.models import BestConfig
+    from cachedb.store.models import BestConfig
 
     with db.read() as repos:
         return [
@@ -301,7 +301,7 @@ def test_hot_write_waits_for_the_lock_and_fails_clean(tmp_path: Path) -> None:
     """A hot write queued behind another writer's transaction goes in once it commits; one
     still locked out past the busy timeout raises HotWriteError and stores nothing; the live
     store then logs and carries on (the put is dropped, the next put works)."""
-    from cachedb._engine import HotWriteError
+    from cachedb.store.engine import HotWriteError
 
     path = tmp_path / "w.db"
     # 1 s of busy timeout against a 50 ms hold: a late timer thread still commits in time
@@ -356,8 +356,8 @@ def test_hot_guarded_put_inserts_each_variant_once(real_cache: tuple[Path, dict]
     the next put (the ORM path) rather than waiting for exit."""
     from sqlalchemy import select
 
-    from cachedb._pickle_scan import read_entry_fields
-    from cachedb.models import GuardedEntry
+    from cachedb.formats.pickle_scan import read_entry_fields
+    from cachedb.store.models import GuardedEntry
 
     cache_dir, _ = real_cache
     entries = [(p.parent.name, p.name, p.read_bytes()) for p in sorted((cache_dir / "fxgraph").glob("*/*/*"))]
@@ -395,7 +395,7 @@ def test_large_payloads_are_compressed_by_zstd_workers(real_cache: tuple[Path, d
 
     import zstandard
 
-    from cachedb import _payload
+    from cachedb.store import payload as _payload
 
     cache_dir, _ = real_cache
     real = b"".join(p.read_bytes() for p in sorted(cache_dir.rglob("*")) if p.is_file() and p.suffix in (".so", ".py"))
@@ -420,7 +420,7 @@ def test_a_refused_hot_write_rolls_back_and_frees_the_lock(db: CacheDB) -> None:
     """A hot write the database refuses after BEGIN (a NOT NULL column left NULL) raises
     HotWriteError, stores nothing, and leaves no transaction open on the kept connection: the
     next hot write and another connection's write both go through (SQLite and PostgreSQL)."""
-    from cachedb._engine import HotWriteError
+    from cachedb.store.engine import HotWriteError
 
     upsert = best_configs_repo.upsert_for(db.engine.dialect.name)
     content = CONFIG.decode()
@@ -550,7 +550,7 @@ def test_a_statement_is_compiled_once_per_process_and_dialect(tmp_path: Path, pg
     dialect (SQLAlchemy's compile of the FX graph lookup takes 1-2 ms): a second SQLite
     database's first lookup compiles nothing, and reads its own rows; PostgreSQL gets a
     compiled form of its own (its parameter style) and reads its rows too."""
-    from cachedb import _prebuilt
+    from cachedb.store import prebuilt as _prebuilt
     from cachedb.repositories import guarded as guarded_repo
 
     stores = [LiveStore(str(tmp_path / f"c{i}.db"), trust=True, write_behind=False) for i in range(2)]
@@ -952,8 +952,8 @@ def test_new_databases_take_16_kib_pages_and_old_ones_keep_theirs(tmp_path: Path
     import pickle
     from types import SimpleNamespace
 
-    from cachedb._checkpoint import WRITE_OVERHEAD_PAGES
-    from cachedb._engine import PAGE_SIZE
+    from cachedb.store.checkpoint import WRITE_OVERHEAD_PAGES
+    from cachedb.store.engine import PAGE_SIZE
 
     payload = pickle.dumps(SimpleNamespace(guards_expr="s0 < 8", blob=os.urandom(100_000)))
     sizes = {}

@@ -14,8 +14,8 @@ import pytest
 from sqlalchemy import text
 
 from cachedb import CacheDB, ExportError, NotAnInductorCacheError
-from cachedb.exporter import export_cache_dir
-from cachedb.importer import Importer, scan
+from cachedb.layout.exporter import export_cache_dir
+from cachedb.layout.importer import Importer, scan
 from cachedb.keys import sha256_hash
 
 from ._realcache import build_real_cache
@@ -225,8 +225,8 @@ def test_cachedb_import_loads_no_orm(real_cache: tuple[Path, dict], tmp_path: Pa
     )
     assert done.returncode == 0, done.stderr[-2000:]
     loaded = json.loads(modules.read_text())
-    assert {"cachedb.importer", "cachedb.repositories.guarded", "sqlalchemy.engine"} <= set(loaded)
-    assert [m for m in loaded if m.startswith("sqlalchemy.orm") or m == "cachedb.models"] == []
+    assert {"cachedb.layout.importer", "cachedb.repositories.guarded", "sqlalchemy.engine"} <= set(loaded)
+    assert [m for m in loaded if m.startswith("sqlalchemy.orm") or m == "cachedb.store.models"] == []
     with CacheDB(db_path) as db, db.read() as repos:
         assert repos.guarded.count("fxgraph") == len(_files(cache_dir)["fxgraph"])
         assert repos.guarded.count("aotautograd") == len(_files(cache_dir)["aotautograd"])
@@ -313,8 +313,8 @@ def test_a_batch_of_keys_is_looked_up_through_the_index(tmp_path: Path) -> None:
 
     from sqlalchemy import event, select
 
-    from cachedb._bulk import matching
-    from cachedb.models import AutotuneKey
+    from cachedb.store.bulk import matching
+    from cachedb.store.models import AutotuneKey
 
     path = tmp_path / "keys.db"
     CacheDB(path).close()

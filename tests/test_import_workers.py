@@ -1,4 +1,4 @@
-"""Import with worker processes (cachedb/_import_pool.py): guarded entry files read, checked
+"""Import with worker processes (cachedb/layout/pool.py): guarded entry files read, checked
 and compressed in forked workers store exactly what an in-process import stores, on a real
 Inductor cache; a hostile pickle that crashes or hangs the workers' C reader costs the import
 its workers, never an entry."""
@@ -14,11 +14,11 @@ import pytest
 from sqlalchemy import text
 
 import cachedb
-import cachedb._import_pool as import_pool
-import cachedb._import_walk as import_walk
-import cachedb.importer as importer
+import cachedb.layout.pool as import_pool
+import cachedb.layout.walk as import_walk
+import cachedb.layout.importer as importer
 from cachedb import CacheDB
-from cachedb.importer import ImportReport, Importer, scan
+from cachedb.layout.importer import ImportReport, Importer, scan
 from cachedb.keys import sha256_hash
 
 _COLUMNS = "kind, key, variant, guards_expr, guards_known, guards_note, time_taken_ns, size_bytes, checksum"

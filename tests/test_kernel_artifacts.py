@@ -21,7 +21,7 @@ import pytest
 from sqlalchemy import text, update
 
 from cachedb import CacheDB
-from cachedb.models import KernelBlob
+from cachedb.store.models import KernelBlob
 
 ROOT = Path(__file__).resolve().parents[1]
 TRITON_CHILD = Path(__file__).resolve().parent / "_triton_child.py"
@@ -68,7 +68,7 @@ def test_evict_takes_whole_key_directories_lru_and_keeps_shared_blobs(db: CacheD
             repos.artifacts.put_files("triton", key, [("a.cubin", shared), ("a.ptx", os.urandom(20_000 + i))])
     old = dt.datetime(2020, 1, 1, tzinfo=dt.timezone.utc)
     with db.transaction() as repos:
-        from cachedb.models import KernelArtifact
+        from cachedb.store.models import KernelArtifact
 
         repos.session.execute(update(KernelArtifact).where(KernelArtifact.key == "OLD").values(last_used_at=old))
         repos.session.execute(update(KernelArtifact).where(KernelArtifact.key == "MID")
@@ -106,7 +106,7 @@ def test_quarantine_blob_removes_every_key_that_uses_it(db: CacheDB) -> None:
 
 
 def test_verify_finds_and_quarantines_a_damaged_blob(db: CacheDB) -> None:
-    from cachedb.verify import verify
+    from cachedb.tools.verify import verify
 
     with db.transaction() as repos:
         repos.artifacts.put_files("triton", "K1", [("x.cubin", b"a" * 5000)])
@@ -128,7 +128,7 @@ def test_verify_finds_and_quarantines_a_damaged_blob(db: CacheDB) -> None:
 
 
 def test_upgrade_from_0002_keeps_data_and_adds_kernel_tables(tmp_path: Path) -> None:
-    from cachedb import _migrate
+    from cachedb.store import migrate as _migrate
 
     db = CacheDB(tmp_path / "c.db")
     with db.transaction() as repos:
@@ -323,10 +323,10 @@ def test_cpp_kernel_libraries_are_served_into_an_empty_cache_dir(tmp_path: Path)
 @triton_needed
 @pytest.mark.slow
 def test_import_export_round_trip_includes_triton_and_cpp(real_cache: tuple[Path, dict], tmp_path: Path) -> None:
-    from cachedb.exporter import export_cache_dir
+    from cachedb.layout.exporter import export_cache_dir
     from cachedb.fingerprint import cpp_host_key
-    from cachedb.importer import Importer
-    from cachedb.verify import verify
+    from cachedb.layout.importer import Importer
+    from cachedb.tools.verify import verify
 
     src = tmp_path / "inductor"
     shutil.copytree(real_cache[0], src)
@@ -357,7 +357,7 @@ def test_import_export_round_trip_includes_triton_and_cpp(real_cache: tuple[Path
 
     problems, _ = verify(db)
     assert problems == []
-    from cachedb.stats import collect
+    from cachedb.tools.stats import collect
 
     with db.read() as repos:
         kinds = {r["kind"]: r for r in collect(repos.session)}

@@ -112,15 +112,15 @@ def test_fresh_process_on_a_new_cache_dir_is_served_from_the_db(warm_db: tuple[P
 
 @pytest.mark.slow
 def test_compiling_processes_load_no_orm(warm_db: tuple[Path, dict, dict]) -> None:
-    """The live path runs Core statements on Core tables (:mod:`cachedb.tables`): neither the
+    """The live path runs Core statements on Core tables (:mod:`cachedb.store.tables`): neither the
     cold run (which writes the fingerprint, FX graph and AOTAutograd entries, timings, best
     configs and kernel libraries) nor the warm one (hits, hit counts written at exit) imports
     ``sqlalchemy.orm`` or the ORM models, which cost a compiling process ~0.1 s (2-core VM).
     Both did import cachedb and SQLAlchemy's Core: the check sees the runs' imports."""
     _, cold, warm = warm_db
     for run in (cold, warm):
-        assert {"cachedb.live._store", "cachedb.tables", "sqlalchemy.engine"} <= set(run["imported"])
-        assert [m for m in run["imported"] if m.startswith("sqlalchemy.orm") or m == "cachedb.models"] == []
+        assert {"cachedb.live._store", "cachedb.store.tables", "sqlalchemy.engine"} <= set(run["imported"])
+        assert [m for m in run["imported"] if m.startswith("sqlalchemy.orm") or m == "cachedb.store.models"] == []
 
 
 def _precompiled_headers(machine_tmp: Path) -> list[str]:
@@ -517,7 +517,7 @@ def test_a_process_on_sqlite_imports_no_postgresql_nor_copy_machinery(tmp_path: 
         path = os.path.join(os.environ["TORCHINDUCTOR_CACHE_DIR"], "ab", "k.best_config")
         cache.put(path, {"XBLOCK": 8, "num_warps": 2})
         print(cache.get(path)["XBLOCK"])
-        print(sorted(m for m in ("sqlalchemy.dialects.postgresql", "cachedb.copy", "psycopg") if m in sys.modules))
+        print(sorted(m for m in ("sqlalchemy.dialects.postgresql", "cachedb.fleet.copy", "psycopg") if m in sys.modules))
     """, check=False)
     assert out.stdout.split("\n")[:3] == ["1", "8", "[]"], out.stdout + out.stderr
 

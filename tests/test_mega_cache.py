@@ -263,7 +263,7 @@ def db(tmp_path: Path) -> Iterator[CacheDB]:
 
 
 def test_import_keeps_every_chunk_and_skips_other_types(db: CacheDB) -> None:
-    from cachedb.mega_cache import import_artifacts
+    from cachedb.layout.mega_cache import import_artifacts
 
     e1, e2 = pickle.dumps(_Entry(None, 5)), pickle.dumps(_Entry("2 <= L['t0']", 7))
     data = _blob([
@@ -291,7 +291,7 @@ def test_import_keeps_every_chunk_and_skips_other_types(db: CacheDB) -> None:
         guards = set(repos.session.execute(text("SELECT guards_expr FROM guarded_entries")).scalars())
         assert guards == {None, "2 <= L['t0']"}
     # Export writes both variants of the key back; torch reads the blob.
-    from cachedb.mega_cache import build_artifacts
+    from cachedb.layout.mega_cache import build_artifacts
 
     exported = build_artifacts(db)
     assert exported.counts == {"inductor": 3, "autotune": 1}
@@ -301,7 +301,7 @@ def test_import_keeps_every_chunk_and_skips_other_types(db: CacheDB) -> None:
 
 
 def test_bad_artifacts_are_listed_and_the_rest_stored(db: CacheDB) -> None:
-    from cachedb.mega_cache import import_artifacts
+    from cachedb.layout.mega_cache import import_artifacts
 
     good = pickle.dumps(_Entry(None, 1))
     data = _blob([
@@ -332,7 +332,7 @@ def test_bad_artifacts_are_listed_and_the_rest_stored(db: CacheDB) -> None:
     ],
 )
 def test_bad_blobs_raise_bad_input(db: CacheDB, data: bytes, reason: str) -> None:
-    from cachedb.mega_cache import import_artifacts
+    from cachedb.layout.mega_cache import import_artifacts
 
     with pytest.raises(BadInputError, match=reason) as info:
         import_artifacts(db, data, where="blob.bin")
@@ -364,7 +364,7 @@ def test_missing_torch_raises_torch_unavailable(tmp_path: Path) -> None:
         import sys
         sys.modules["torch"] = None
         from cachedb import CacheDB, TorchUnavailableError
-        from cachedb.mega_cache import export_artifacts, import_artifacts
+        from cachedb.layout.mega_cache import export_artifacts, import_artifacts
         db = CacheDB(sys.argv[1])
         for call in (lambda: export_artifacts(db), lambda: import_artifacts(db, b"")):
             try:

@@ -15,8 +15,8 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import inspect, text
 
 from cachedb import CacheDB, NotADatabaseError, SchemaTooNewError
-from cachedb import _migrate
-from cachedb.models import VIEW_NAMES, Base
+from cachedb.store import migrate as _migrate
+from cachedb.store.models import VIEW_NAMES, Base
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,5 +1,5 @@
-"""cachedb._own_pickle: the C unpickler over inert stand-ins gives exactly what the opcode walk
-(cachedb._pickle_scan) gives, on real torch entries and on every generated pickle, and never
+"""cachedb.formats.own_pickle: the C unpickler over inert stand-ins gives exactly what the opcode walk
+(cachedb.formats.pickle_scan) gives, on real torch entries and on every generated pickle, and never
 imports or calls anything the pickle names."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cachedb._errors import PickleScanError
-from cachedb._own_pickle import read_own_entry_fields
-from cachedb._pickle_scan import read_entry_fields
+from cachedb.formats.own_pickle import read_own_entry_fields
+from cachedb.formats.pickle_scan import read_entry_fields
 
 from .test_pickle_scan import (
     PROTOCOLS,

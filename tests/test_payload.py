@@ -1,4 +1,4 @@
-"""The payload codec (cachedb/_payload.py): format 3 (a zstd frame of raw blocks, a skippable
+"""The payload codec (cachedb/store/payload.py): format 3 (a zstd frame of raw blocks, a skippable
 frame holding the content's XXH3-64, then the SHA-256 one), format 2 (zstd frame with XXH64
 content checksum, then a skippable frame holding the SHA-256 digest) and format 1 (the frame
 alone, as written before), on real zstd frames and real stored rows."""
@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 from sqlalchemy import text
 
 from cachedb import CacheDB, CorruptPayloadError
-from cachedb import _payload
-from cachedb._payload import STORED_LEVEL, TRAILER_BYTES, TRAILER_HEADER, pack, unpack, unpack_from
+from cachedb.store import payload as _payload
+from cachedb.store.payload import STORED_LEVEL, TRAILER_BYTES, TRAILER_HEADER, pack, unpack, unpack_from
 
 
 @settings(max_examples=200, deadline=None)
@@ -212,7 +212,7 @@ def test_a_forked_child_compresses_large_payloads() -> None:
     the inherited context waited for them for ever)."""
     import multiprocessing
 
-    from cachedb._payload import LARGE_PAYLOAD_BYTES
+    from cachedb.store.payload import LARGE_PAYLOAD_BYTES
 
     data = random.Random(2).randbytes(LARGE_PAYLOAD_BYTES) * 3
     assert unpack(pack(data).blob, len(data), hashlib.sha256(data).hexdigest(), where="parent") == data
@@ -238,7 +238,7 @@ def test_a_forked_child_compresses_large_payloads() -> None:
 def test_packing_aside_writes_what_pack_writes(random_part: bytes, zeros: int, level: int) -> None:
     """PackingAside (the compression on a helper thread from LARGE_PAYLOAD_BYTES, on the
     caller's thread below) gives pack's bytes, whichever side of the threshold."""
-    from cachedb._payload import PackingAside
+    from cachedb.store.payload import PackingAside
 
     data = random_part + bytes(zeros) + random_part
     digest = hashlib.sha256(data).digest()
@@ -254,8 +254,8 @@ def test_packing_aside_raises_the_helpers_error_and_leaves_no_thread(monkeypatch
     any host with two CPUs or more: on one CPU there is no helper thread.)"""
     import threading
 
-    from cachedb import _payload
-    from cachedb._payload import LARGE_PAYLOAD_BYTES, PackingAside
+    from cachedb.store import payload as _payload
+    from cachedb.store.payload import LARGE_PAYLOAD_BYTES, PackingAside
 
     monkeypatch.setattr(_payload, "ZSTD_THREADS_LARGE", max(2, _payload.ZSTD_THREADS_LARGE))
     not_bytes = "x" * LARGE_PAYLOAD_BYTES  # zstd refuses a str: the helper thread's error
@@ -279,9 +279,9 @@ def test_the_level_setting_changes_what_is_written_never_what_is_read(
     as the setting -1000 writes. The setting sets the zstd level of every payload: 1 shrinks
     them to under half, 19 smaller still; a process without the setting reads all four
     databases back to the files' bytes."""
-    from cachedb._payload import GUARDED_STORED_BELOW_BYTES, LEVEL_ENV
-    from cachedb.importer import Importer, scan
-    from cachedb.stats import collect
+    from cachedb.store.payload import GUARDED_STORED_BELOW_BYTES, LEVEL_ENV
+    from cachedb.layout.importer import Importer, scan
+    from cachedb.tools.stats import collect
 
     cache_dir, _ = real_cache
     files = {
@@ -324,7 +324,7 @@ def test_guarded_entries_under_1_mib_are_stored_as_they_are(
     one from there at ZSTD_LEVEL; ``pack``'s own default (kernel files, CUTLASS op lists) is
     ZSTD_LEVEL whatever the size. Each reads back to its bytes; CACHEDB_COMPRESSION_LEVEL
     sets every level."""
-    from cachedb import _payload
+    from cachedb.store import payload as _payload
 
     monkeypatch.delenv(_payload.LEVEL_ENV, raising=False)
     cache_dir, _ = real_cache
@@ -375,8 +375,8 @@ def test_on_postgresql_every_guarded_entry_is_compressed(
     into SQLite and PostgreSQL: SQLite holds the entries (all under 1 MiB) as they are,
     PostgreSQL at ZSTD_LEVEL (its TOAST would compress a stored frame itself); both read back
     the files' bytes."""
-    from cachedb import _payload
-    from cachedb.importer import Importer
+    from cachedb.store import payload as _payload
+    from cachedb.layout.importer import Importer
 
     monkeypatch.delenv(_payload.LEVEL_ENV, raising=False)
     assert _payload.guarded_level(1000, "postgresql") == _payload.ZSTD_LEVEL
@@ -413,7 +413,7 @@ def test_a_bad_level_setting_is_logged_once_and_the_default_is_used(
 ) -> None:
     """A CACHEDB_COMPRESSION_LEVEL that is not a zstd level never fails a write: one warning
     naming the variable and the value, then the default level (0 and unset mean it too)."""
-    from cachedb import _payload
+    from cachedb.store import payload as _payload
 
     data = (Path(_payload.__file__).read_bytes() * 40)[:200_000]  # real text, below 1 MiB
     default = zstandard.ZstdCompressor(level=_payload.ZSTD_LEVEL, write_content_size=True, write_checksum=True)
@@ -510,7 +510,7 @@ def test_repack_gives_this_versions_form_keeps_the_content_and_is_idempotent(
     SHA-256, is :func:`guarded_level`'s form where that level stores (the bytes ``pack`` gives
     at it), is kept from 1 MiB when its frame is under half the content (compressed, at any
     level), and is left alone by a second pass."""
-    from cachedb._payload import STORED_LEVEL, guarded_level, repacked_guarded
+    from cachedb.store.payload import STORED_LEVEL, guarded_level, repacked_guarded
 
     data = random_part + bytes(zeros) + random_part
     digest = hashlib.sha256(data).hexdigest()
@@ -533,7 +533,7 @@ def test_repack_gives_this_versions_form_keeps_the_content_and_is_idempotent(
 def test_repack_refuses_a_damaged_payload_and_changes_nothing() -> None:
     """A flipped byte in a compressed small entry: ``repacked_guarded`` raises
     CorruptPayloadError naming the entry instead of re-encoding what it cannot verify."""
-    from cachedb._payload import repacked_guarded
+    from cachedb.store.payload import repacked_guarded
 
     data = os.urandom(3000) * 20
     packed = pack(data, level=1)
@@ -547,7 +547,7 @@ def test_repack_compresses_a_large_entry_written_as_it_is() -> None:
     """A 1.2 MB entry whose frame holds it as it is (a 200 KB random block six times: level
     -1000 finds no match 200 KB back, level 1 does) is compressed at the level this version
     writes from 1 MiB, reads back the same, and is kept on a second pass."""
-    from cachedb._payload import TRAILER_BYTES, ZSTD_LEVEL, repacked_guarded
+    from cachedb.store.payload import TRAILER_BYTES, ZSTD_LEVEL, repacked_guarded
 
     data = random.Random(11).randbytes(200_000) * 6
     raw = pack(data, level=-1000)

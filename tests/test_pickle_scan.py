@@ -1,4 +1,4 @@
-"""cachedb._pickle_scan: fields of pickled FX graph / AOTAutograd entries, read without unpickling.
+"""cachedb.formats.pickle_scan: fields of pickled FX graph / AOTAutograd entries, read without unpickling.
 
 The scanner itself never unpickles. These tests do (``pickle.loads``), but only on data they
 built themselves: real entries torch just wrote, and pickles of the dataclasses below.
@@ -18,9 +18,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import cachedb._pickle_scan as pickle_scan
+import cachedb.formats.pickle_scan as pickle_scan
 from cachedb._errors import PickleScanError
-from cachedb._pickle_scan import EntryFields, read_entry_fields
+from cachedb.formats.pickle_scan import EntryFields, read_entry_fields
 
 PROTOCOLS = list(range(pickle.HIGHEST_PROTOCOL + 1))
 

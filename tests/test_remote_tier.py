@@ -21,7 +21,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, text
 
-from cachedb import CacheDB, _migrate
+from cachedb import CacheDB
+
+from cachedb.store import migrate as _migrate
 from cachedb.fingerprint import current as current_fingerprint
 from cachedb.live import _artifacts
 from cachedb.live._remote import RemoteTier
@@ -201,8 +203,8 @@ def test_every_kind_goes_through_the_remote(real_cache: tuple[Path, dict], tmp_p
         assert local_b[table] == remote[table], table
     # each tier holds FX graph / AOTAutograd payloads in its own form: the SQLite files the
     # real entries (all under 1 MiB) as they are, PostgreSQL compressed (its TOAST would
-    # compress a stored frame itself, slower to write and read: cachedb/_payload.py)
-    from cachedb._payload import STORED_LEVEL, ZSTD_LEVEL, pack
+    # compress a stored frame itself, slower to write and read: cachedb/store/payload.py)
+    from cachedb.store.payload import STORED_LEVEL, ZSTD_LEVEL, pack
 
     contents = {(kind, key, variant): data for kind in ("fxgraph", "aotautograd") for key, variant, data in files[kind]}
     for where, level in ((str(tmp_path / "a.db"), STORED_LEVEL), (str(tmp_path / "b.db"), STORED_LEVEL),

@@ -22,7 +22,7 @@ from sqlalchemy import text
 from cachedb import CacheDB
 from cachedb.cli import main
 from cachedb.fingerprint import Fingerprint
-from cachedb.importer import Importer
+from cachedb.layout.importer import Importer
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
@@ -77,7 +77,7 @@ def report_db(real_cache: tuple[Path, dict], tmp_path_factory: pytest.TempPathFa
 
 
 def test_collect_reads_every_section(report_db: Path) -> None:
-    from cachedb.report import collect
+    from cachedb.tools.report import collect
 
     db = CacheDB(report_db)
     try:

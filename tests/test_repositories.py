@@ -8,10 +8,10 @@ import pytest
 from sqlalchemy import Connection, text, update
 
 from cachedb import CacheDB, CorruptPayloadError
-from cachedb.cutlass_ops import CutlassOpRow
+from cachedb.formats.cutlass_ops import CutlassOpRow
 from cachedb.fingerprint import Fingerprint
 from cachedb.keys import sha256_hash
-from cachedb.models import GuardedEntry
+from cachedb.store.models import GuardedEntry
 
 CPU_SYSTEM = {"hash": "44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a"}
 GPU_SYSTEM = {
@@ -118,7 +118,7 @@ def test_timings_lookup_over_every_fingerprint_of_a_system_hash(db: CacheDB) -> 
 
 
 def test_local_cache_values(db: CacheDB) -> None:
-    from cachedb._local_cache_doc import ValueLeaf
+    from cachedb.formats.local_cache_doc import ValueLeaf
 
     with db.transaction() as repos:
         fp = repos.fingerprints.ensure(Fingerprint(system=CPU_SYSTEM))
@@ -188,7 +188,7 @@ def test_read_is_one_snapshot_and_ends_with_its_block(sqlite_db: CacheDB) -> Non
     the block leaves no transaction open, and the next block reads the new row."""
     from sqlalchemy import select
 
-    from cachedb.models import BestConfig
+    from cachedb.store.models import BestConfig
 
     key = "ab/snap.best_config"
     with sqlite_db.transaction() as repos:
@@ -213,8 +213,8 @@ def test_session_savepoints_hold_repository_writes(db: CacheDB) -> None:
     ``repos.session`` (made on first use) shares it: a savepoint begun through the Session
     holds the repositories' writes (rolled back with it), and what the caller added to the
     Session is flushed before a repository reads."""
-    from cachedb.models import BestConfig
-    from cachedb.tables import utcnow
+    from cachedb.store.models import BestConfig
+    from cachedb.store.tables import utcnow
 
     with db.transaction() as repos:
         configs = repos.best_configs  # taken before the Session exists: runs on the connection

@@ -17,10 +17,10 @@ from click.testing import CliRunner
 from sqlalchemy import text, update
 
 from cachedb import CacheDB, CorruptPayloadError
-from cachedb._signing import ENV_KEY, Signer
-from cachedb._trust import untrusted_reason
+from cachedb.store.signing import ENV_KEY, Signer
+from cachedb.store.trust import untrusted_reason
 from cachedb.cli import main
-from cachedb.models import GuardedEntry
+from cachedb.store.models import GuardedEntry
 
 
 def _mode(path: Path) -> int:

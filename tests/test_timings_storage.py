@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 from sqlalchemy import Connection, func, select
 
 from cachedb import CacheDB
-from cachedb._bulk import utc
+from cachedb.store.bulk import utc
 from cachedb.fingerprint import Fingerprint
-from cachedb.models import AUTOTUNE_TIMINGS, AutotuneKey, AutotuneRun
+from cachedb.store.models import AUTOTUNE_TIMINGS, AutotuneKey, AutotuneRun
 from cachedb.repositories import timings as timings_repo
 
 UTC = dt.timezone.utc

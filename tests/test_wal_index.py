@@ -1,4 +1,4 @@
-"""The wal-index header check (cachedb/_wal_index.py) on real SQLite databases."""
+"""The wal-index header check (cachedb/store/wal_index.py) on real SQLite databases."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cachedb import _wal_index
+from cachedb.store import wal_index as _wal_index
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/fd")
 

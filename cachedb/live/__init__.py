@@ -24,7 +24,7 @@ from pathlib import Path
 from dataclasses import dataclass
 from typing import Any
 
-from .._engine import default_location, to_url
+from ..store.engine import default_location, to_url
 from .._errors import TorchUnavailableError
 from . import _autoload, _seams
 from ._remote import ENV_REMOTE_TIMEOUT, ENV_REMOTE_URL, DEFAULT_REMOTE_TIMEOUT_S, RemoteTier

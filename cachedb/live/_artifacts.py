@@ -17,9 +17,9 @@ import threading
 import uuid
 from collections.abc import Sequence
 
-from .. import tier_sync as sync
+from ..fleet import tier_sync as sync
 from .._errors import CorruptBlobError
-from ..tables import utcnow
+from ..store.tables import utcnow
 from ._store import LiveStore
 
 log = logging.getLogger("cachedb.live")

@@ -80,7 +80,7 @@ class _AutomaticGCOff:
     (2 cores, AMD EPYC VM), 6 full collections in 0.48 s against 5 in 0.31-0.34 s without
     cachedb, 5 in 0.35-0.37 s with this. The objects stay tracked: later collections see them
     as they would have. ``gc`` is imported here: start-up does not import it. The importer's
-    ``_automatic_gc_off`` (cachedb/importer.py) does the same; this file cannot import it, since
+    ``_automatic_gc_off`` (cachedb/layout/importer.py) does the same; this file cannot import it, since
     nothing of cachedb's is imported before the activation it wraps."""
 
     def __enter__(self) -> None:

@@ -5,11 +5,11 @@ torch reads a best config per Triton kernel (``AutotuneCache.read_best`` →
 ``CacheDBBestConfigBackend._get``). On SQLite, :class:`BestConfigCopy` answers those reads from
 a dict of every stored best config, loaded in one query, for as long as no other connection
 has committed to the database: each get first asks the kept connection for its ``PRAGMA
-data_version`` token (:meth:`~cachedb._engine.KeptConnection.version`), which changes with
+data_version`` token (:meth:`~cachedb.store.engine.KeptConnection.version`), which changes with
 every commit of another process, or of another connection of this one (a remote-tier pull, a
 :meth:`~cachedb.CacheDB.write` transaction on a pooled connection). While the database's
 wal-index header has not moved since the last PRAGMA, the token is known without a statement
-(one ``pread``, ~0.7 µs against ~3.7 µs: :mod:`cachedb._wal_index`). A changed token sends
+(one ``pread``, ~0.7 µs against ~3.7 µs: :mod:`cachedb.store.wal_index`). A changed token sends
 gets back to one indexed SELECT per key, so a get never returns what another process replaced
 or deleted before it.
 

@@ -4,7 +4,7 @@
 puts a :class:`RemoteTier` behind the :class:`~cachedb.live._store.LiveStore`:
 
 - **Reads**: a lookup tries the local file first; on a local miss the same entry is read from
-  the remote in one query (:func:`cachedb.tier_sync.fetch`), written into the local file, and
+  the remote in one query (:func:`cachedb.fleet.tier_sync.fetch`), written into the local file, and
   served from there (through the local read path, with its checksum and signature checks).
   A local hit costs no round trip. An entry the remote lacked is not asked for again by this
   process.
@@ -22,7 +22,7 @@ puts a :class:`RemoteTier` behind the :class:`~cachedb.live._store.LiveStore`:
   code's revision (under PostgreSQL's advisory lock); an older one is not upgraded behind its
   other users' backs (:class:`~cachedb.SchemaTooOldError`: ``cachedb --db URL upgrade``).
 
-Rows are merged by natural key as in ``cachedb merge`` (:mod:`cachedb.tier_sync`), so two
+Rows are merged by natural key as in ``cachedb merge`` (:mod:`cachedb.fleet.tier_sync`), so two
 machines writing the same entry, or a pull racing a push, never duplicate or lose a row.
 """
 
@@ -43,8 +43,8 @@ from typing import Any
 from sqlalchemy import event
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
-from .. import _migrate
-from .. import tier_sync as sync
+from ..store import migrate
+from ..fleet import tier_sync as sync
 from .._errors import SchemaTooNewError, SchemaTooOldError
 from ..db import CacheDB
 
@@ -164,11 +164,11 @@ class RemoteTier:
                 return None
             try:
                 with db.engine.connect() as conn:
-                    revision = _migrate._stamped_revision(conn)
+                    revision = migrate._stamped_revision(conn)
                 if revision is None:  # empty: create the schema (one host, under the advisory lock)
                     db.upgrade()
-                elif revision != _migrate.HEAD_REVISION:
-                    raise SchemaTooOldError(db.where, revision, _migrate.HEAD_REVISION)
+                elif revision != migrate.HEAD_REVISION:
+                    raise SchemaTooOldError(db.where, revision, migrate.HEAD_REVISION)
             except SchemaTooOldError as exc:
                 db.close()
                 self._read_down_until = self._write_down_until = math.inf

@@ -18,14 +18,14 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-from .. import _local_cache_doc as doc
-from .. import tier_sync as sync
+from ..formats import local_cache_doc as doc
+from ..fleet import tier_sync as sync
 from .._errors import CorruptPayloadError
-from .._trust import untrusted_reason
+from ..store.trust import untrusted_reason
 from ..db import CacheDB, Repos
 from ..fingerprint import current as current_fingerprint
 from ..keys import split_inputs_key
-from ..tables import utcnow
+from ..store.tables import utcnow
 from ..repositories import best_configs as best_configs_repo
 from ..repositories import guarded as guarded_repo
 from ..repositories import local_values as local_values_repo

@@ -29,7 +29,7 @@ from typing import Any
 
 from triton.runtime.cache import FileCacheManager
 
-from .._triton_layout import GROUP_PREFIX, relocate_group
+from ..formats.triton_layout import GROUP_PREFIX, relocate_group
 from . import _artifacts
 
 log = logging.getLogger("cachedb.live")

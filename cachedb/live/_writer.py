@@ -45,7 +45,7 @@ import time
 import weakref
 from collections.abc import Callable, Hashable
 
-from .._fork import FORK_WAIT_S, fork_waits_for
+from ..store.fork import FORK_WAIT_S, fork_waits_for
 
 log = logging.getLogger("cachedb.live")
 

@@ -1,5 +1,5 @@
 """Repositories: one per table family. Each takes an ORM :class:`~sqlalchemy.orm.Session` or a
-Core :class:`~sqlalchemy.Connection`, runs Core statements over :mod:`cachedb.tables` through
+Core :class:`~sqlalchemy.Connection`, runs Core statements over :mod:`cachedb.store.tables` through
 it, and never commits: the transaction belongs to the caller (:meth:`cachedb.CacheDB.transaction`,
 :meth:`~cachedb.CacheDB.write`, :meth:`~cachedb.CacheDB.read`, :meth:`~cachedb.CacheDB.lookup`)."""
 

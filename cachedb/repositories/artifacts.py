@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import bindparam, delete, exists, func, insert, select, update
 
-from .. import _prebuilt
-from .._bulk import dialect_insert
-from .._engine import connection_of
+from ..store import prebuilt
+from ..store.bulk import dialect_insert
+from ..store.engine import connection_of
 from .._errors import CorruptBlobError, CorruptPayloadError
-from .._payload import pack, unpack
-from .. import tables
-from ..tables import ARTIFACT_KINDS, utcnow
+from ..store.payload import pack, unpack
+from ..store import tables
+from ..store.tables import ARTIFACT_KINDS, utcnow
 
 if TYPE_CHECKING:
     from sqlalchemy import Connection
@@ -194,13 +194,13 @@ class KernelArtifactRepository:
         """Every file of key directory ``key`` as ``{name: bytes}`` (empty: not stored), in
         one query. Raises :class:`~cachedb.CorruptBlobError` naming the first file whose
         bytes fail their SHA-256 (the caller serves none of the directory then)."""
-        rows = _prebuilt.fetch(self.session, _KEY_FILES, {"kind": kind, "host_key": host_key, "key": key})
+        rows = prebuilt.fetch(self.session, _KEY_FILES, {"kind": kind, "host_key": host_key, "key": key})
         return {name: _unpack(blob, size, digest, f"{kind}/{key}/{name}")
                 for name, digest, blob, size in rows}
 
     def get_file(self, kind: str, key: str, name: str, *, host_key: str = "") -> bytes | None:
         """One file's bytes, or ``None``. Raises :class:`~cachedb.CorruptBlobError`."""
-        rows = _prebuilt.fetch(self.session, _ONE_FILE, {"kind": kind, "host_key": host_key, "key": key, "name": name})
+        rows = prebuilt.fetch(self.session, _ONE_FILE, {"kind": kind, "host_key": host_key, "key": key, "name": name})
         if not rows:
             return None
         name, digest, blob, size = rows[0]

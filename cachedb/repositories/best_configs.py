@@ -12,13 +12,13 @@ from sqlalchemy import bindparam, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.sql import Insert
 
-from .. import _prebuilt
-from .._bulk import bulk_insert, dialect_insert
-from .._engine import connection_of
+from ..store import prebuilt
+from ..store.bulk import bulk_insert, dialect_insert
+from ..store.engine import connection_of
 from .._errors import BadInputError, CorruptPayloadError
-from .._signing import Signer
-from .. import tables
-from ..tables import utcnow
+from ..store.signing import Signer
+from ..store import tables
+from ..store.tables import utcnow
 
 if TYPE_CHECKING:
     from sqlalchemy import Connection
@@ -146,7 +146,7 @@ def checked_content(signer: Signer | None, key: str, content: str, signature: st
 
 
 class BestConfigRepository:
-    """Best configs. With a :class:`~cachedb._signing.Signer`, writes are signed and reads
+    """Best configs. With a :class:`~cachedb.store.signing.Signer`, writes are signed and reads
     refuse configs whose signature does not verify."""
 
     def __init__(self, session: Session | Connection, signer: Signer | None = None) -> None:
@@ -165,14 +165,14 @@ class BestConfigRepository:
         cache directory ending in ``.best_config``, or content that is not a JSON object.
         ``columns``: :func:`prepare_columns` of this key and content, computed before the write
         transaction (by default computed here). On SQLite and PostgreSQL one upsert
-        (:func:`upsert_for`, as the live put), run on the driver (:mod:`cachedb._prebuilt`);
+        (:func:`upsert_for`, as the live put), run on the driver (:mod:`cachedb.store.prebuilt`);
         elsewhere a read, then an INSERT (in a SAVEPOINT: another writer may insert the key
         first) or an UPDATE."""
         if columns is None:
             columns = prepare_columns(self.signer, key, content)
         upsert = upsert_for(connection_of(self.session).dialect.name)
         if upsert is not None:  # one statement, no read first (SQLite, PostgreSQL)
-            return _prebuilt.execute(self.session, upsert, upsert_params(key, content, columns, fingerprint_id)) > 0
+            return prebuilt.execute(self.session, upsert, upsert_params(key, content, columns, fingerprint_id)) > 0
         found = self.session.execute(_ROW, {"key": key}).first()
         now = utcnow()
         if found is None:
@@ -199,7 +199,7 @@ class BestConfigRepository:
         """Store many ``(key, content, columns)`` at once (bulk import), as :meth:`put` stores
         each: ``columns`` is :func:`prepare_columns` of that key and content (the caller checks
         every item before its write transaction). One query per 500 keys finds the stored
-        ones, one bulk INSERT (:func:`cachedb._bulk.bulk_insert`) adds the new keys, a stored
+        ones, one bulk INSERT (:func:`cachedb.store.bulk.bulk_insert`) adds the new keys, a stored
         key whose content differs is updated. Returns, per item, whether anything changed.
 
         Raises ValueError when a key appears twice. The INSERT runs without a SAVEPOINT: on a
@@ -236,7 +236,7 @@ class BestConfigRepository:
     def get(self, key: str) -> str | None:
         """The JSON text stored at ``key``, or ``None``. Raises
         :class:`~cachedb.CorruptPayloadError` when signing is on and the signature fails."""
-        rows = _prebuilt.fetch(self.session, _GET, {"key": key})
+        rows = prebuilt.fetch(self.session, _GET, {"key": key})
         return self._check(key, rows[0][0], rows[0][1]) if rows else None
 
     def iter_all(self) -> Iterator[tuple[str, str]]:

@@ -8,11 +8,11 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import bindparam, delete, insert, select
 
-from .. import _prebuilt
-from .._payload import pack, unpack
-from ..cutlass_ops import CutlassOpRow
-from .. import tables
-from ..tables import utcnow
+from ..store import prebuilt
+from ..store.payload import pack, unpack
+from ..formats.cutlass_ops import CutlassOpRow
+from ..store import tables
+from ..store.tables import utcnow
 
 if TYPE_CHECKING:
     from sqlalchemy import Connection
@@ -74,8 +74,8 @@ class CutlassOpListRepository:
     def get(self, request_key: str, *, full: bool = False) -> bytes | None:
         """The op list's exact bytes, or ``None``; raises
         :class:`~cachedb.CorruptPayloadError` if the stored payload fails its checksum
-        (``full``: checked by the SHA-256 of the content, :func:`cachedb._payload.unpack`)."""
-        rows = _prebuilt.fetch(self.session, _GET, {"request_key": request_key})
+        (``full``: checked by the SHA-256 of the content, :func:`cachedb.store.payload.unpack`)."""
+        rows = prebuilt.fetch(self.session, _GET, {"request_key": request_key})
         if not rows:
             return None
         payload, size_bytes, checksum = rows[0]

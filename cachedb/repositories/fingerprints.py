@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 from sqlalchemy import bindparam, insert, select
 from sqlalchemy.exc import IntegrityError
 
-from .. import _prebuilt
-from .. import tables
+from ..store import prebuilt
+from ..store import tables
 from ..fingerprint import Fingerprint
 
 if TYPE_CHECKING:
@@ -34,7 +34,7 @@ class FingerprintRepository:
 
     def ensure(self, fp: Fingerprint) -> int:
         """The id of ``fp``'s row, inserting it on first sight."""
-        found = _prebuilt.fetch(self.session, _ID_BY_KEY, {"key": fp.key})
+        found = prebuilt.fetch(self.session, _ID_BY_KEY, {"key": fp.key})
         if found:
             return int(found[0][0])
         row = {
@@ -72,7 +72,7 @@ class FingerprintRepository:
     def ids_for_system_hash(self, system_hash: str) -> list[int]:
         """The ids of every fingerprint recorded under ``system_hash`` (torch's
         ``CacheBase.get_system()["hash"]``), oldest first; one prebuilt statement."""
-        return [row[0] for row in _prebuilt.fetch(self.session, _IDS_BY_SYSTEM_HASH, {"system_hash": system_hash})]
+        return [row[0] for row in prebuilt.fetch(self.session, _IDS_BY_SYSTEM_HASH, {"system_hash": system_hash})]
 
     def system_hashes(self) -> dict[str, str]:
         """``{system_hash: system_json}`` of every fingerprint (one JSON per hash)."""

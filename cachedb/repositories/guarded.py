@@ -13,17 +13,17 @@ from sqlalchemy import Connection, and_, bindparam, case, delete, func, insert, 
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.sql import ColumnElement, Insert, Select
 
-from .. import _prebuilt
-from .._bulk import bulk_insert_values, dialect_insert
-from .._engine import connection_of
+from ..store import prebuilt
+from ..store.bulk import bulk_insert_values, dialect_insert
+from ..store.engine import connection_of
 from .._errors import CorruptPayloadError
-from .._payload import STREAM_PAYLOAD_BYTES, BlobSource, PackingAside, guarded_level, pack, unpack, unpack_from
-from .._own_pickle import read_own_entry_fields
-from .._pickle_scan import read_entry_fields
-from .._signing import Signer
+from ..store.payload import STREAM_PAYLOAD_BYTES, BlobSource, PackingAside, guarded_level, pack, unpack, unpack_from
+from ..formats.own_pickle import read_own_entry_fields
+from ..formats.pickle_scan import read_entry_fields
+from ..store.signing import Signer
 from ..keys import sha256_digest_name
-from .. import tables
-from ..tables import GUARDED_KINDS, utcnow
+from ..store import tables
+from ..store.tables import GUARDED_KINDS, utcnow
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -44,7 +44,7 @@ VARIANTS = _VARIANTS = _variants(_G.c.payload)
 #: Hot path on SQLite: the row of :data:`VARIANTS` for the first variant of a key in
 #: Inductor's order (the least name: the ``(kind, key, variant)`` index's first entry, ``LIMIT
 #: 1``), none for a key not stored. Its payload, size, checksum and signature when the payload
-#: is under :data:`~cachedb._payload.STREAM_PAYLOAD_BYTES` (stored and uncompressed); else
+#: is under :data:`~cachedb.store.payload.STREAM_PAYLOAD_BYTES` (stored and uncompressed); else
 #: ``NULL`` and :func:`load_streamed_variant` reads it in place, with its size, checksum and
 #: signature (:data:`VARIANT_AT`), when Inductor reaches it. SQLite stores ``payload`` before
 #: ``size_bytes``, ``checksum`` and ``signature`` in the row, and reaching them walks the
@@ -141,7 +141,7 @@ def _check_kind(kind: str) -> None:
 
 def _dialect(bind: Session | Connection) -> str:
     """The SQLAlchemy dialect name of the database ``bind`` (a Connection or an ORM Session)
-    writes to: the payload level depends on it (:func:`~cachedb._payload.guarded_level`)."""
+    writes to: the payload level depends on it (:func:`~cachedb.store.payload.guarded_level`)."""
     return connection_of(bind).dialect.name
 
 
@@ -162,7 +162,7 @@ class ScannedPayload(NamedTuple):
     """A pickled entry as a bulk import holds it after checking it, so that storing it hashes
     and scans nothing again: ``checksum`` is the SHA-256 hex digest of the entry's bytes,
     ``variant`` is ``sha256_digest_name`` of that digest (the entry's file name), the guards
-    fields and ``time_taken_ns`` are :func:`cachedb._pickle_scan.read_entry_fields` of the
+    fields and ``time_taken_ns`` are :func:`cachedb.formats.pickle_scan.read_entry_fields` of the
     bytes, ``size_bytes`` their length. ``blob``, when the checker already compressed them, is
     ``pack(payload, level=guarded_level(size_bytes, dialect)).blob``, and ``payload`` may then
     be ``None`` (an import worker sends back the stored frame alone); else ``payload`` holds the
@@ -212,14 +212,14 @@ def prepare_pickled(
     own: bool = False,
     dialect: str = "sqlite",
 ) -> PreparedVariant:
-    """Hash, scan (:func:`cachedb._pickle_scan.read_entry_fields`, nothing is unpickled),
-    compress (at :func:`~cachedb._payload.guarded_level` for a ``dialect`` database) and sign
+    """Hash, scan (:func:`cachedb.formats.pickle_scan.read_entry_fields`, nothing is unpickled),
+    compress (at :func:`~cachedb.store.payload.guarded_level` for a ``dialect`` database) and sign
     one pickled entry, touching no database. From 1 MiB on a host with more than one CPU the
     compression runs on a helper thread while the payload is hashed and read
-    (:class:`~cachedb._payload.PackingAside`).
+    (:class:`~cachedb.store.payload.PackingAside`).
 
     ``own``: ``payload`` is what this process's torch just pickled (a live write): its fields
-    are read by :func:`cachedb._own_pickle.read_own_entry_fields` (the C unpickler over inert
+    are read by :func:`cachedb.formats.own_pickle.read_own_entry_fields` (the C unpickler over inert
     stand-ins, same result) instead of the opcode walk.
 
     Raises:
@@ -267,7 +267,7 @@ def load_variant(
     signature: str | None, *, full: bool = False,
 ) -> bytes:
     """The payload bytes of one stored variant (a row of :data:`VARIANTS`), signature and
-    checksum verified (:func:`cachedb._payload.unpack`; with a ``signer``, or ``full``, by the
+    checksum verified (:func:`cachedb.store.payload.unpack`; with a ``signer``, or ``full``, by the
     SHA-256 of the content, since the signature signs that digest). Raises
     :class:`~cachedb.CorruptPayloadError` when either fails."""
     where = _signed_where(signer, kind, key, variant, digest, signature)
@@ -281,14 +281,14 @@ def load_streamed_variant(
     """:func:`load_variant` of a payload read in place (a row of :data:`FIRST_VARIANT` or
     :data:`LATER_VARIANTS` whose payload is ``NULL``; ``source``: its ``sqlite3.Blob``;
     ``size``, ``digest``, ``signature``: its :data:`VARIANT_AT` row), decompressed as it is read
-    (:func:`cachedb._payload.unpack_from`): the stored frame is never copied whole into
+    (:func:`cachedb.store.payload.unpack_from`): the stored frame is never copied whole into
     memory. Raises :class:`~cachedb.CorruptPayloadError` as :func:`load_variant` does."""
     where = _signed_where(signer, kind, key, variant, digest, signature)
     return unpack_from(source, size, digest, where=where, full=signer is not None)
 
 
 class GuardedEntryRepository:
-    """FX graph and AOTAutograd variants. With a :class:`~cachedb._signing.Signer`, writes are
+    """FX graph and AOTAutograd variants. With a :class:`~cachedb.store.signing.Signer`, writes are
     signed and reads refuse (as corrupt) entries whose signature does not verify."""
 
     def __init__(self, session: Session | Connection, signer: Signer | None = None) -> None:
@@ -313,7 +313,7 @@ class GuardedEntryRepository:
         digest = hashlib.sha256(payload).digest()
         variant = sha256_digest_name(digest)
         params = {"kind": kind, "key": key, "variant": variant}
-        if _prebuilt.fetch(self.session, _EXISTS, params):
+        if prebuilt.fetch(self.session, _EXISTS, params):
             return variant, False
         dialect = _dialect(self.session)
         packed = pack(payload, digest=digest, level=guarded_level(len(payload), dialect))
@@ -337,7 +337,7 @@ class GuardedEntryRepository:
 
     def put_many_pickled(self, entries: Sequence[ScannedPayload], *, fingerprint_id: int | None = None) -> list[bool]:
         """Store many scanned pickled entries at once (bulk import): one query per 500 keys
-        finds the variants already stored, one bulk INSERT (:func:`cachedb._bulk.bulk_insert_values`)
+        finds the variants already stored, one bulk INSERT (:func:`cachedb.store.bulk.bulk_insert_values`)
         adds the rest. Nothing is hashed or scanned again: the checksum, variant name and fields
         are the caller's (:class:`ScannedPayload`); an entry without its ``blob`` is compressed
         here (only if it is added). Returns, per entry, whether it was added.
@@ -393,7 +393,7 @@ class GuardedEntryRepository:
         SAVEPOINT, since another writer may insert the same variant first."""
         insert_new = insert_new_for(dialect)
         if insert_new is not None:
-            return _prebuilt.execute(self.session, insert_new, row) > 0
+            return prebuilt.execute(self.session, insert_new, row) > 0
         try:
             with self.session.begin_nested():
                 self.session.execute(_INSERT, row)
@@ -405,7 +405,7 @@ class GuardedEntryRepository:
         self, kind: str, key: str, payload: bytes, *, fingerprint_id: int | None = None, where: str | None = None
     ) -> tuple[str, bool]:
         """:meth:`put` with ``guards_expr`` and the compile time read from the pickle's opcode
-        stream (:func:`cachedb._pickle_scan.read_entry_fields`; nothing is unpickled).
+        stream (:func:`cachedb.formats.pickle_scan.read_entry_fields`; nothing is unpickled).
         Raises :class:`~cachedb.PickleScanError` for a truncated or malformed pickle."""
         fields = read_entry_fields(payload, where=where or f"{kind}/{key}")
         return self.put(
@@ -431,7 +431,7 @@ class GuardedEntryRepository:
         """Like :meth:`candidates`, but each payload is decompressed and verified only when
         its loader is called (raising :class:`~cachedb.CorruptPayloadError` then). ``full``:
         verify by the SHA-256 of the content (``cachedb verify``)."""
-        rows = _prebuilt.fetch(self.session, _VARIANTS, {"kind": kind, "key": key})
+        rows = prebuilt.fetch(self.session, _VARIANTS, {"kind": kind, "key": key})
         out = [
             (v, functools.partial(load_variant, self.signer, kind, key, v, blob, size, digest, signature, full=full))
             for v, blob, size, digest, signature, _id in rows

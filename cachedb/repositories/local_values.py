@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import bindparam, insert, select, update
 
-from .._local_cache_doc import ValueLeaf
-from .. import tables
-from ..tables import utcnow
+from ..formats.local_cache_doc import ValueLeaf
+from ..store import tables
+from ..store.tables import utcnow
 
 if TYPE_CHECKING:
     from sqlalchemy import Connection

@@ -3,7 +3,7 @@
 Stored compact (revision 0004): a key (``autotune_keys``: fingerprint, op, inputs,
 ``hint_override``, precision) once, a run (``autotune_runs``: one benchmark's
 ``recorded_at``) once per benchmark, and per choice a row of ``autotune_run_timings``. Reads
-go through the flat view ``autotune_timings`` (:data:`cachedb.tables.AUTOTUNE_TIMINGS`),
+go through the flat view ``autotune_timings`` (:data:`cachedb.store.tables.AUTOTUNE_TIMINGS`),
 whose join SQLite and PostgreSQL inline into index lookups; writes go to the three tables,
 by :meth:`AutotuneTimingRepository.record` (one benchmark) or :func:`insert_flat` (rows in
 the view's shape: import, ``copy``/``merge``, the fleet tiers' point sync).
@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, bindparam, func, insert, select, text
 
-from .. import _prebuilt
-from .._bulk import bulk_insert, matching, utc
-from .._engine import connection_of
-from .._local_cache_doc import TimingLeaf
+from ..store import prebuilt
+from ..store.bulk import bulk_insert, matching, utc
+from ..store.engine import connection_of
+from ..formats.local_cache_doc import TimingLeaf
 from ..keys import persistent_cache_inputs_key
-from .. import tables
-from ..tables import AUTOTUNE_TIMINGS, utcnow
+from ..store import tables
+from ..store.tables import AUTOTUNE_TIMINGS, utcnow
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -203,7 +203,7 @@ class AutotuneTimingRepository:
             "hint_override": hint_override,
         }
         if len(ids) == 1:  # no expanding IN list: the prebuilt statement on the driver
-            return {choice: ms for choice, ms in _prebuilt.fetch(self.session, stmt, params)}
+            return {choice: ms for choice, ms in prebuilt.fetch(self.session, stmt, params)}
         return {choice: ms for choice, ms in self.session.execute(stmt, params)}
 
     def current_paths(self, fingerprint_ids: Iterable[int]) -> dict[tuple, tuple[float, int]]:

@@ -11,7 +11,7 @@ from pathlib import Path
 from sqlalchemy import text
 
 from cachedb import CacheDB, CacheDBError
-from cachedb.importer import ImportReport, Importer
+from cachedb.layout.importer import ImportReport, Importer
 
 from . import _synth
 

@@ -19,9 +19,9 @@ from typing import Any
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 
-from cachedb import _local_cache_doc as doc
-from cachedb._pickle_scan import read_entry_fields
-from cachedb.cutlass_ops import parse_op_list
+from cachedb.formats import local_cache_doc as doc
+from cachedb.formats.pickle_scan import read_entry_fields
+from cachedb.formats.cutlass_ops import parse_op_list
 
 from ._synth import AOTAutogradResult, CompiledFxGraph
 
@@ -252,8 +252,8 @@ def _walk_strings(value: Any, depth: int = 0) -> Any:
 
 
 def local_cache_bug(data: bytes) -> str | None:
-    """The known bug a ``cache/<hash>`` document triggers, if any (cachedb.importer,
-    cachedb._local_cache_doc, cachedb.fingerprint)."""
+    """The known bug a ``cache/<hash>`` document triggers, if any (cachedb.layout.importer,
+    cachedb.formats.local_cache_doc, cachedb.fingerprint)."""
     if nesting_depth(data) > 200:
         return "D1 deep JSON: RecursionError escapes _local_cache_doc.parse"
     try:

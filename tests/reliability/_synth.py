@@ -1,6 +1,6 @@
 """A synthetic but realistic Inductor cache directory, built in milliseconds.
 
-Layout and naming follow what torch 2.13 writes (see cachedb.importer's module docstring):
+Layout and naming follow what torch 2.13 writes (see cachedb.layout.importer's module docstring):
 
 - ``fxgraph/<key[1:3]>/<key>/<variant>``: pickles of an object whose state carries
   ``guards_expr`` and ``_time_taken_ns`` (like ``CompiledFxGraph``), the variant being
@@ -27,7 +27,7 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cachedb.importer import scan
+from cachedb.layout.importer import scan
 from cachedb.keys import sha256_hash
 
 

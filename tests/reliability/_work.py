@@ -17,12 +17,12 @@ import traceback
 from pathlib import Path
 
 import cachedb  # noqa: F401  (preloaded in the forkserver)
-import cachedb.importer  # noqa: F401
-import cachedb.verify  # noqa: F401  (preloaded too)
+import cachedb.layout.importer  # noqa: F401
+import cachedb.tools.verify  # noqa: F401  (preloaded too)
 from cachedb import CacheDB
-from cachedb import _migrate
+from cachedb.store import migrate as _migrate
 from cachedb.fingerprint import Fingerprint
-from cachedb.importer import Importer
+from cachedb.layout.importer import Importer
 from cachedb.keys import sha256_hash
 
 # --------------------------------------------------------------------------- helpers
@@ -86,11 +86,11 @@ def run_import(db_path: str, cache_dir: str) -> None:
     """Import ``cache_dir`` into ``db_path`` (killed at a random moment by the test), in
     batches of :data:`IMPORT_BATCH_FILES` files, a transaction per
     :data:`IMPORT_COMMIT_FILES` (this child's own settings)."""
-    import cachedb._import_walk
-    import cachedb.importer
+    import cachedb.layout.walk
+    import cachedb.layout.importer
 
-    cachedb._import_walk.BATCH_FILES = IMPORT_BATCH_FILES
-    cachedb.importer._COMMIT_FILES = IMPORT_COMMIT_FILES
+    cachedb.layout.walk.BATCH_FILES = IMPORT_BATCH_FILES
+    cachedb.layout.importer._COMMIT_FILES = IMPORT_COMMIT_FILES
     with CacheDB(db_path) as db:
         Importer(db).run(cache_dir)
 
@@ -267,12 +267,12 @@ def migration_worker(location: str, mode: str, go_path: str, ready_path: str, re
     """Open an old database as soon as ``go_path`` appears.
 
     ``mode == "open"``: ``CacheDB(location)`` (which upgrades); whether this process ran the
-    upgrade is read from cachedb._migrate's log record. ``mode == "upgrade"``:
+    upgrade is read from cachedb.store.migrate's log record. ``mode == "upgrade"``:
     ``CacheDB(location, upgrade=False).upgrade()``, i.e. ``_migrate.upgrade(engine, where=...)``,
     whose return value says it.
     """
     handler = _UpgradeLog()
-    log = logging.getLogger("cachedb._migrate")
+    log = logging.getLogger("cachedb.store.migrate")
     log.addHandler(handler)
     log.setLevel(logging.INFO)
     Path(ready_path).touch()

@@ -28,9 +28,9 @@ from sqlalchemy.exc import DatabaseError, OperationalError
 
 from cachedb import CacheDB, CorruptPayloadError
 from cachedb.cli import main as cli
-from cachedb.importer import Importer
+from cachedb.layout.importer import Importer
 from cachedb.live._store import LiveStore
-from cachedb.verify import verify
+from cachedb.tools.verify import verify
 
 from . import _synth, figures
 

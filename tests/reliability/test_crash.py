@@ -2,7 +2,7 @@
 directory or commits a stream of puts, then check the SQLite file.
 
 After every kill: ``PRAGMA integrity_check`` is ``ok``; ``CacheDB(path)`` opens at the head
-revision; :func:`cachedb.verify.verify` finds no problem; every payload decompresses and matches
+revision; :func:`cachedb.tools.verify.verify` finds no problem; every payload decompresses and matches
 its checksum and the source bytes exactly; nothing committed before the kill is missing; only
 whole transactions exist (an import leaves a prefix of its files, a put all of its rows or none).
 """
@@ -18,12 +18,14 @@ from pathlib import Path
 from click.testing import CliRunner
 from sqlalchemy import select, text
 
-from cachedb import CacheDB, _migrate
-from cachedb._payload import unpack
+from cachedb import CacheDB
+
+from cachedb.store import migrate as _migrate
+from cachedb.store.payload import unpack
 from cachedb.cli import main as cli
-from cachedb.importer import Importer
-from cachedb.models import GuardedEntry
-from cachedb.verify import verify
+from cachedb.layout.importer import Importer
+from cachedb.store.models import GuardedEntry
+from cachedb.tools.verify import verify
 
 from . import _synth, _work, figures
 

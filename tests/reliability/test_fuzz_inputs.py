@@ -28,8 +28,8 @@ from hypothesis import strategies as st
 from sqlalchemy.exc import ProgrammingError
 
 from cachedb import BadInputError, CacheDBError, CutlassOpListError, PickleScanError
-from cachedb._pickle_scan import read_entry_fields
-from cachedb.cutlass_ops import parse_op_list
+from cachedb.formats.pickle_scan import read_entry_fields
+from cachedb.formats.cutlass_ops import parse_op_list
 from cachedb.keys import sha256_hash
 
 from . import _strategies as S
@@ -248,7 +248,7 @@ _COMPONENTS = st.one_of(
 
 @pytest.mark.parametrize("hostile", [CLEAN, hostile_param(
     "B4 UnicodeEncodeError: a file name that is not UTF-8 (os.walk gives surrogate escapes) is stored as a "
-    "key: cachedb.importer.Importer._import_one", UnicodeEncodeError)])
+    "key: cachedb.layout.importer.Importer._import_one", UnicodeEncodeError)])
 def test_fuzz_cache_dir_layout(store: Store, hostile: bool) -> None:
     """Random trees of names Inductor uses (and others), with random or valid contents."""
     counter = _Counter()

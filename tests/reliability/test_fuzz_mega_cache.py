@@ -1,5 +1,5 @@
 """Property-based fuzzing of Mega-Cache blobs (``torch.compiler.save_cache_artifacts()`` format)
-fed to :func:`cachedb.mega_cache.import_artifacts`.
+fed to :func:`cachedb.layout.mega_cache.import_artifacts`.
 
 Blobs are written with torch's own ``BytesWriter`` (crc32 ‖ u64 version ‖ chunks of
 ``type, n, n × (key, content)``) from generated artifacts (pickled entries, best configs, other
@@ -25,7 +25,7 @@ from ._store import Store
 from ._synth import CompiledFxGraph
 
 torch = pytest.importorskip("torch")
-mega_cache = pytest.importorskip("cachedb.mega_cache")
+mega_cache = pytest.importorskip("cachedb.layout.mega_cache")
 from torch.utils._appending_byte_serializer import BytesWriter  # noqa: E402
 
 EXAMPLES = 120

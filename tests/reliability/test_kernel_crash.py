@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from cachedb import CacheDB
-from cachedb.verify import verify
+from cachedb.tools.verify import verify
 
 SEED = 20261123
 KILLS = 8

@@ -27,7 +27,7 @@ from rich.errors import MarkupError
 from cachedb import CacheDB, DatabaseOpenError
 from cachedb.cli import main as cli
 from cachedb.fingerprint import Fingerprint
-from cachedb.importer import Importer
+from cachedb.layout.importer import Importer
 from cachedb.keys import sha256_hash
 
 from ._synth import CompiledFxGraph
@@ -111,7 +111,7 @@ IMPORTER_BUGS = [
                            "surrogate escapes) is used as the stored key: UnicodeEncodeError")),
     pytest.param({f"cache/{H}": b'{"system": {"hash": "' + H.encode() + b'"}, "cache": ' + b"[" * 5000},
                  f"cache/{H}", id="D1-local-cache-deep-json",
-                 marks=bug(RecursionError, "D1 cachedb/_local_cache_doc.py parse: json.loads RecursionError is not "
+                 marks=bug(RecursionError, "D1 cachedb/formats/local_cache_doc.py parse: json.loads RecursionError is not "
                            "caught (only ValueError, UnicodeDecodeError)")),
     pytest.param({f"cache/{H}": _doc({"x": 1}, device="cpu")}, f"cache/{H}", id="D2-system-device-not-object",
                  marks=bug(AttributeError, "D2 cachedb/fingerprint.py Fingerprint.device_name (and triton_key, "
@@ -178,13 +178,13 @@ def test_importer_on_postgresql_reports_values_it_cannot_store(pg_url: str, tmp_
         db.close()
 
 
-@bug(OverflowError, "M1 cachedb/mega_cache.py import_artifacts/_store_one: the P1/P2/B1-B3 errors are reachable "
+@bug(OverflowError, "M1 cachedb/layout/mega_cache.py import_artifacts/_store_one: the P1/P2/B1-B3 errors are reachable "
      "through a Mega-Cache blob (only CacheDBError is caught per artifact)")
 def test_m1_mega_cache_artifact_with_out_of_range_time(sqlite_db: CacheDB) -> None:
     pytest.importorskip("torch")
     from torch.utils._appending_byte_serializer import BytesWriter
 
-    from cachedb.mega_cache import import_artifacts
+    from cachedb.layout.mega_cache import import_artifacts
 
     writer = BytesWriter()
     writer.write_uint64(1)
@@ -221,7 +221,7 @@ def test_l1_cli_bad_db_url_is_one_error_line(url: str, raises: type, request) ->
     pytest.param(["query", "[/]"], id="markup-in-an-error-message"),
     pytest.param(None, id="markup-in-a-path-in-an-error-message"),
 ])
-@bug(MarkupError, "L2 cachedb/cli.py emit (table cells and headers) and _Group.invoke (err.print(..., markup=True) "
+@bug(MarkupError, "L2 cachedb/cli/_common.py emit (table cells and headers) and _Group.invoke (err.print(..., markup=True) "
      "of the error message): text containing '[/...]' (a value, a column name, an SQL error quoting the SQL, a "
      "path) is parsed as rich markup: rich.errors.MarkupError and a traceback")
 def test_l2_cli_prints_text_literally(args: list[str] | None, tmp_path: Path) -> None:
@@ -257,7 +257,7 @@ def _damaged(tmp_path: Path, sql: str) -> Path:
     return path
 
 
-@bug(OperationalError, "V1 cachedb/verify.py verify: a damaged text value that is not UTF-8 (here guarded_entries.key) "
+@bug(OperationalError, "V1 cachedb/tools/verify.py verify: a damaged text value that is not UTF-8 (here guarded_entries.key) "
      "makes sqlite3 raise OperationalError('Could not decode to UTF-8 ...') while reading; `cachedb verify` crashes "
      "with a traceback instead of reporting the damage")
 def test_v1_verify_reports_a_non_utf8_text_value(tmp_path: Path) -> None:
@@ -289,7 +289,7 @@ def test_v3_open_with_a_damaged_schema_name_is_database_open_error(tmp_path: Pat
 
 
 @pytest.mark.parametrize("command", [["verify"], ["export", "out"]])
-@bug(DatabaseError, "V4 cachedb/verify.py verify (PRAGMA integrity_check) and cachedb/exporter.py: a damaged b-tree "
+@bug(DatabaseError, "V4 cachedb/tools/verify.py verify (PRAGMA integrity_check) and cachedb/layout/exporter.py: a damaged b-tree "
      "page makes SQLite raise 'database disk image is malformed' (sqlalchemy DatabaseError); `cachedb verify` and "
      "`cachedb export` crash with a traceback instead of reporting the damage / a CacheDBError")
 def test_v4_damaged_btree_page_is_reported(tmp_path: Path, command: list[str]) -> None:
@@ -388,7 +388,7 @@ def test_r3_concurrent_first_fingerprint(race_db: CacheDB, backend: str) -> None
 # (U+DC80..U+DCFF): `cachedb query $'SELECT \'\xff\''`, `cachedb --db $'/tmp/\xff.db' init`.
 
 
-@bug(UnicodeEncodeError, "L3 cachedb/cli.py query: SQL holding bytes that are not UTF-8 reaches sqlite3, whose "
+@bug(UnicodeEncodeError, "L3 cachedb/cli/cache.py query: SQL holding bytes that are not UTF-8 reaches sqlite3, whose "
      "UnicodeEncodeError is not a SQLAlchemyError (the only error turned into QueryError): a traceback. "
      "Real shell: cachedb query $'SELECT \\'\\xff\\''")
 def test_l3_query_with_undecodable_bytes_is_one_error_line(tmp_path: Path) -> None:
@@ -398,7 +398,7 @@ def test_l3_query_with_undecodable_bytes_is_one_error_line(tmp_path: Path) -> No
     assert result.exit_code == 1 and "error:" in result.output
 
 
-@bug(UnicodeEncodeError, "L4 cachedb/cli.py init/upgrade/export (click.echo of db.where / the target directory): a "
+@bug(UnicodeEncodeError, "L4 cachedb/cli/cache.py init/upgrade/export (click.echo of db.where / the target directory): a "
      "path with bytes that are not UTF-8 cannot be written to a strict UTF-8 stdout (CliRunner; a real terminal "
      "under PYTHONIOENCODING=utf-8 or a UTF-8 locale other than C.UTF-8): a traceback after the work was done. "
      "Real shell: PYTHONIOENCODING=utf-8 cachedb --db $'/tmp/\\xff.db' init")

@@ -15,9 +15,9 @@ import pytest
 from alembic import command
 from sqlalchemy import MetaData, insert, select
 
-from cachedb import _migrate
-from cachedb._engine import WRITE_OPTION, create_cachedb_engine, to_url
-from cachedb._payload import pack
+from cachedb.store import migrate as _migrate
+from cachedb.store.engine import WRITE_OPTION, create_cachedb_engine, to_url
+from cachedb.store.payload import pack
 from cachedb.keys import sha256_hash
 
 from . import _work, figures

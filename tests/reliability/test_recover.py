@@ -20,8 +20,8 @@ from click.testing import CliRunner
 
 from cachedb import CacheDB
 from cachedb.cli import main as cli
-from cachedb.importer import Importer
-from cachedb.recover import recover, sqlite_shell
+from cachedb.layout.importer import Importer
+from cachedb.tools.recover import recover, sqlite_shell
 
 from . import _synth
 

@@ -1,0 +1,398 @@
+"""The commands over one database: init, import, export, stats, query, upgrade, prune, run,
+verify, recover."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+from rich.text import Text
+from sqlalchemy import text
+from sqlalchemy.exc import SQLAlchemyError
+
+from ..store.engine import (
+    default_location,
+    set_read_only,
+)
+from ._common import (
+    _REMOTE_HELP,
+    FORMATS,
+    ProgressBar,
+    _accepts,
+    _columns,
+    _Context,
+    _human,
+    _printable,
+    _progress_callback,
+    db_options,
+    emit,
+    err,
+    main,
+    pass_ctx,
+)
+
+
+@main.command()
+@db_options
+@pass_ctx
+def init(obj: _Context) -> None:
+    """Create the database (or upgrade it) and print where it is.
+
+    \b
+    Example:
+      cachedb --db inductor.db init
+    """
+    with obj.open() as db:
+        click.echo(_printable(f"{db.where}: schema revision {db.revision()}"))
+
+
+@main.command("import")
+@click.argument("cache_dir", type=click.Path(file_okay=False, path_type=str))
+@click.option(
+    "--this-machine",
+    is_flag=True,
+    help="Attribute the entries to this machine and torch (the directory was written here, "
+    "by the installed torch), so its C++ kernel libraries are served to this host's compiles. "
+    "Needs torch.",
+)
+@click.option(
+    "--workers",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Processes that read, check and compress entry files while the database is written "
+    "(default: one fewer than the usable CPUs, at most 4, for 1,024 FX graph/AOTAutograd files or more; "
+    "also CACHEDB_IMPORT_WORKERS). 0: all in this process.",
+)
+@db_options
+@pass_ctx
+def import_(obj: _Context, cache_dir: str, this_machine: bool, workers: int | None) -> None:
+    """Import an Inductor cache directory (TORCHINDUCTOR_CACHE_DIR).
+
+    Reads fxgraph/, aotautograd/, cache/<system hash>, every *.best_config,
+    configs_*.json, Triton's kernels (triton/<device>/<key>/) and C++ kernel libraries
+    (<k[1:3]>/<k>*.so). Pickles are never executed. Bad files are listed and skipped;
+    re-importing is idempotent.
+
+    \b
+    Example:
+      cachedb --db inductor.db import /tmp/torchinductor_$USER
+      cachedb --db inductor.db import --workers 0 ./cache   # all in one process
+    """
+    from ..layout.importer import Importer
+
+    fingerprint = None
+    host_key = None
+    if this_machine:
+        from ..fingerprint import cpp_host_key, current
+
+        fingerprint = current()
+        host_key = cpp_host_key()
+    with obj.open() as db, ProgressBar(f"importing {cache_dir}") as bar:
+        report = Importer(db, fingerprint=fingerprint, host_key=host_key, workers=workers).run(
+            cache_dir, progress=_progress_callback(bar)
+        )
+    kinds = sorted(set(report.added) | set(report.unchanged))
+    emit(
+        [{"kind": k, "added": report.added[k], "unchanged": report.unchanged[k]} for k in kinds],
+        ("kind", "added", "unchanged"),
+        "table",
+    )
+    click.echo(f"{report.bytes_read} bytes read; {report.ignored_files} files not cachedb's (sources, object files, locks, ...)")
+    for p in report.notes:
+        err.print(f"note: {p.path}: {p.reason}", highlight=False, markup=False)
+    for p in report.problems:
+        err.print(f"skipped: {p.path}: {p.reason}", highlight=False, markup=False)
+    if report.problems:
+        err.print(f"{len(report.problems)} file(s) skipped", highlight=False)
+
+
+@main.command("export")
+@click.argument("target_dir", type=click.Path(file_okay=False, path_type=str))
+@db_options
+@pass_ctx
+def export(obj: _Context, target_dir: str) -> None:
+    """Write the database back as an Inductor cache directory (atomic per file).
+
+    Point TORCHINDUCTOR_CACHE_DIR at the result and torch.compile finds its entries.
+
+    \b
+    Example:
+      cachedb --db inductor.db export /tmp/warm-cache
+      TORCHINDUCTOR_CACHE_DIR=/tmp/warm-cache python train.py
+    """
+    from ..layout.exporter import export_cache_dir
+
+    try:  # C++ libraries built on this host win where several hosts share a key
+        from ..fingerprint import cpp_host_key
+
+        prefer_host: str | None = cpp_host_key()
+    except Exception:  # noqa: BLE001 - no torch or no compiler: any host's library
+        prefer_host = None
+    with obj.open(existing=True) as db, ProgressBar(f"exporting to {target_dir}") as bar:
+        if _accepts(export_cache_dir, "progress"):
+            report = export_cache_dir(db, target_dir, progress=_progress_callback(bar),  # type: ignore[call-arg]
+                                      prefer_host=prefer_host)
+        else:
+            report = export_cache_dir(db, target_dir, prefer_host=prefer_host)
+    kinds = sorted(set(report.written) | set(report.unchanged))
+    emit(
+        [{"kind": k, "written": report.written[k], "unchanged": report.unchanged[k]} for k in kinds],
+        ("kind", "written", "unchanged"),
+        "table",
+    )
+    files = sum(report.written.values())
+    click.echo(_printable(f"{files} files, {report.bytes_written} bytes ({_human(report.bytes_written)}) "
+                          f"written to {target_dir}"))
+
+
+@main.command()
+@click.option("--format", "fmt", type=FORMATS, default="table", show_default=True)
+@db_options
+@pass_ctx
+def stats(obj: _Context, fmt: str) -> None:
+    """Entries and bytes per kind and system fingerprint.
+
+    \b
+    Example:
+      cachedb --db inductor.db stats --format json
+    """
+    from ..tools.stats import COLUMNS, collect
+
+    with obj.open(existing=True) as db, db.read() as repos:
+        rows = collect(repos.session)
+    emit(rows, _columns(rows, COLUMNS), fmt)
+
+
+@main.command()
+@click.argument("sql")
+@click.option("--format", "fmt", type=FORMATS, default="table", show_default=True)
+@db_options
+@pass_ctx
+def query(obj: _Context, sql: str, fmt: str) -> None:
+    """Run one read-only SQL statement (writes are refused by the database).
+
+    Tables: guarded_entries, autotune_keys, autotune_runs, autotune_run_timings,
+    local_cache_values, best_configs, cutlass_op_lists, cutlass_ops, kernel_artifacts,
+    kernel_blobs, system_fingerprints; views: autotune_timings (every timing, flat),
+    autotune_current, autotune_winners, autotune_history, kernels.
+
+    \b
+    Example:
+      cachedb --db inductor.db query "SELECT op, choice_hash, timing_ms FROM autotune_winners" --format csv
+    """
+    from .._errors import QueryError
+
+    with obj.open(existing=True) as db:
+        with db.engine.connect() as conn:
+            with conn.begin() as txn:
+                set_read_only(conn)
+                try:
+                    result = conn.execute(text(sql))
+                    columns = list(result.keys()) if result.returns_rows else []
+                    rows = [dict(zip(columns, r)) for r in result] if result.returns_rows else []
+                except (SQLAlchemyError, UnicodeError) as exc:
+                    raise QueryError(f"{db.where}: query failed: {getattr(exc, 'orig', None) or exc}") from exc
+                finally:
+                    txn.rollback()
+    emit(rows, columns, fmt)
+
+
+@main.command()
+@db_options
+@pass_ctx
+def upgrade(obj: _Context) -> None:
+    """Apply pending schema migrations (under a file lock).
+
+    \b
+    Example:
+      cachedb --db inductor.db upgrade
+    """
+    with obj.open() as db:
+        click.echo(_printable(f"{db.where}: schema revision {db.revision()}"))
+
+
+def _parse_size(text: str) -> int:
+    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    unit = t[-1] if t and t[-1] in units else ""
+    try:
+        return int(float(t[: len(t) - len(unit)]) * units[unit])
+    except ValueError:
+        raise click.BadParameter(f"{text!r}: expected a size such as 500M or 10G") from None
+
+
+def _parse_age(text: str) -> float:
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+    t = text.strip().lower()
+    unit = t[-1] if t and t[-1] in units else "s"
+    try:
+        return float(t.rstrip("smhdw")) * units[unit]
+    except ValueError:
+        raise click.BadParameter(f"{text!r}: expected an age such as 30d or 12h") from None
+
+
+@main.command()
+@click.option("--max-bytes", metavar="SIZE", help="Keep stored entries under SIZE (e.g. 10G, 500M).")
+@click.option("--older-than", metavar="AGE", help="Remove entries not used for AGE (e.g. 30d, 12h).")
+@click.option("--vacuum", is_flag=True, help="Give the freed space back to the file system (SQLite VACUUM).")
+@db_options
+@pass_ctx
+def prune(obj: _Context, max_bytes: str | None, older_than: str | None, vacuum: bool) -> None:
+    """Evict FX graph and AOTAutograd entries and kernels, least recently used first.
+
+    Kernels (Triton key directories, C++ libraries) go whole, and a blob goes when no kept
+    kernel uses it. --older-than applies to both; --max-bytes bounds their stored bytes
+    together, each kind giving up its share of the excess.
+
+    \b
+    Example:
+      cachedb --db inductor.db prune --max-bytes 10G --older-than 30d
+    """
+    import datetime as dt
+
+    from sqlalchemy import func, select
+
+    from ..store.models import GuardedEntry, KernelBlob
+
+    if max_bytes is None and older_than is None:
+        raise click.UsageError("give --max-bytes and/or --older-than")
+    limit = _parse_size(max_bytes) if max_bytes is not None else None
+    cutoff = None
+    if older_than is not None:
+        cutoff = dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=_parse_age(older_than))
+    with obj.open(existing=True) as db:
+        with ProgressBar(f"pruning {db.where}", unit="entries") as bar, db.transaction() as repos:
+            g_limit = k_limit = None
+            if limit is not None:
+                g = int(repos.session.execute(select(func.coalesce(func.sum(func.length(GuardedEntry.payload)), 0))).scalar_one())
+                k = int(repos.session.execute(select(func.coalesce(func.sum(KernelBlob.stored_bytes), 0))).scalar_one())
+                over = max(0, g + k - limit)
+                g_limit = g - (over * g // (g + k) if g + k else 0)
+                k_limit = k - (over - (over * g // (g + k) if g + k else 0))
+            if _accepts(repos.guarded.evict, "progress"):
+                n, freed = repos.guarded.evict(max_bytes=g_limit, older_than=cutoff,  # type: ignore[call-arg]
+                                               progress=_progress_callback(bar))
+            else:
+                n, freed = repos.guarded.evict(max_bytes=g_limit, older_than=cutoff)
+            kn, kfreed = repos.artifacts.evict(max_bytes=k_limit, older_than=cutoff)
+        if vacuum:
+            from ..store.engine import vacuum as run_vacuum
+
+            run_vacuum(db.engine)
+    click.echo(f"removed {n} entries, {freed} stored bytes ({_human(freed)}); "
+               f"{kn} kernel files, {kfreed} stored bytes ({_human(kfreed)})")
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@click.option("--remote", metavar="URL", help=_REMOTE_HELP)
+@click.option("--remote-timeout", type=click.FloatRange(min=0.1), metavar="SECONDS",
+              help="Seconds a remote connect or statement may take before the remote is skipped "
+                   "(default $CACHEDB_REMOTE_TIMEOUT, else 2).")
+@db_options
+@pass_ctx
+def run(obj: _Context, command: tuple[str, ...], remote: str | None, remote_timeout: float | None) -> None:
+    """Run a program with Inductor's caches served from the database.
+
+    The program and every Python process it starts (compile workers) store and find FX
+    graph and AOTAutograd entries, autotune timings, best configs, CUTLASS op lists and
+    compiled kernels in the database instead of TORCHINDUCTOR_CACHE_DIR. Each process
+    turns cachedb on when torch imports Inductor's cache modules: one that imports torch
+    and never compiles (a spawn DataLoader worker, torchrun's launcher) starts as fast as
+    without cachedb.
+
+    With --remote, a shared database (PostgreSQL) stands behind the local one: a local miss
+    is looked up there and copied into the local file, and what the program writes is
+    copied there in the background. A remote that is down or slow costs one warning.
+
+    \b
+    Example:
+      cachedb --db inductor.db run -- python train.py --epochs 1
+      cachedb --db ~/.cache/inductor.db run --remote postgresql+psycopg://cache-host/inductor -- python train.py
+    """
+
+    from ..live import child_environment
+
+    location = obj.location or default_location()
+    if "://" not in location:
+        location = os.path.abspath(os.path.expanduser(location))
+    remote = remote or obj.remote
+    env = child_environment(location, remote=remote, remote_timeout_s=remote_timeout)
+    try:
+        os.execvpe(command[0], list(command), env)
+    except OSError as exc:
+        err.print(f"[bold red]error:[/] cannot run {command[0]!r}: {exc.strerror}", highlight=False)
+        sys.exit(127)
+
+
+@main.command()
+@click.option("--format", "fmt", type=FORMATS, default="table", show_default=True)
+@click.option("--no-quarantine", is_flag=True, help="Report corrupt entries but leave them in place.")
+@db_options
+@pass_ctx
+def verify(obj: _Context, fmt: str, no_quarantine: bool) -> None:
+    """Check integrity, every payload's checksum (and signature, with CACHEDB_HMAC_KEY).
+
+    Corrupt entries are moved to quarantine (kept for inspection, never served) and
+    listed, with those quarantined earlier. Exit status 1 on any problem.
+
+    \b
+    Example:
+      cachedb --db inductor.db verify --format json
+    """
+    from ..tools.verify import verify as run_verify
+
+    with obj.open(existing=True) as db:
+        problems, checked = run_verify(db, quarantine=not no_quarantine)
+    if fmt != "table":  # machine-readable: the (possibly empty) list, the summary on stderr
+        emit(problems, _columns(problems, ("what", "where", "problem")), fmt)
+    elif problems:
+        emit(problems, _columns(problems, ("what", "where", "problem")), fmt)
+    if problems:
+        err.print(f"{len(problems)} problem(s) in {checked} payloads", highlight=False)
+        sys.exit(1)
+    if fmt == "table":
+        click.echo(f"ok: integrity check passed, {checked} payloads verified")
+    else:
+        err.print(f"ok: integrity check passed, {checked} payloads verified", highlight=False)
+
+
+@main.command()
+@click.argument("damaged", type=click.Path(dir_okay=False, exists=True, path_type=str))
+@click.argument("new", type=click.Path(dir_okay=False, path_type=str))
+@click.option("--method", type=click.Choice(["auto", "recover", "scan"]), default="auto", show_default=True,
+              help="recover: SQLite's .recover through the sqlite3 shell; scan: page-tolerant table scans "
+              "(no shell needed); auto: recover when a sqlite3 shell is on PATH.")
+@click.option("--format", "fmt", type=FORMATS, default="table", show_default=True)
+def recover(damaged: str, new: str, method: str, fmt: str) -> None:
+    """Salvage every readable row of a damaged database into a NEW one.
+
+    DAMAGED is only read. Rows are copied with their ids into NEW (which must not
+    exist), payload checksums are verified again (rows that fail are left out),
+    and rows saved and not saved are printed per table. Exit status 1 if NEW
+    still fails cachedb verify.
+
+    \b
+    Example:
+      cachedb recover damaged.db saved.db
+      cachedb --db saved.db stats
+    """
+    from ..tools.recover import recover as run_recover
+
+    with ProgressBar(f"recovering {damaged}", unit="tables") as bar:
+        report = run_recover(damaged, new, method=method,
+                             progress=lambda done, total: bar.update(count=done, total_count=total))
+    rows = [t.as_row() for t in report.tables]
+    emit(rows, _columns(rows, ("table", "saved", "lost", "corrupt", "orphaned", "indexed")), fmt)
+    summary = (f"{report.saved} rows saved, {report.not_saved} not saved (lost, corrupt or orphaned) "
+               f"into {report.target} (method: {report.method})")
+    if fmt == "table":
+        click.echo(_printable(summary))
+    else:
+        err.print(Text(_printable(summary)), highlight=False)
+    for problem in report.problems:
+        err.print(Text(_printable(f"{report.target}: {problem['what']} {problem['where']}: {problem['problem']}")),
+                  highlight=False)
+    if report.problems:
+        sys.exit(1)

@@ -1,0 +1,182 @@
+"""Packaged Alembic migrations, run programmatically under a file lock.
+
+The migration scripts live in the repository's top-level ``migrations/`` directory and ship in
+the wheel as the package ``cachedb.migrations``; an editable install maps the same package to
+the same directory. There is exactly one head.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import threading
+from pathlib import Path
+
+from typing import TYPE_CHECKING
+
+from filelock import FileLock, Timeout
+from sqlalchemy import Connection, Engine, inspect, text
+
+if TYPE_CHECKING:
+    from alembic.config import Config
+
+from .engine import WRITE_OPTION, is_sqlite, sqlite_path
+from .._errors import MigrationError, SchemaTooNewError
+
+log = logging.getLogger(__name__)
+
+#: The head revision of the packaged migrations, known without importing Alembic (~0.25 s):
+#: opening a database that is already at head reads ``alembic_version`` and nothing else.
+#: tests/test_migrations.py checks it equals Alembic's own head.
+HEAD_REVISION = "0005"
+
+#: Seconds a process waits for another one's schema upgrade before giving up.
+DEFAULT_UPGRADE_LOCK_TIMEOUT_S = 300.0
+
+#: Alembic's ``context``/``op`` proxies are module-global: one migration at a time per process
+#: (two threads opening two new databases would otherwise run each other's scripts).
+_ALEMBIC_LOCK = threading.Lock()
+
+
+def migrations_dir() -> Path:
+    """The directory holding ``env.py`` and ``versions/``.
+
+    Found as the package ``cachedb.migrations`` (wheel and editable installs), else as
+    ``migrations/`` beside the ``cachedb`` package (a plain source checkout on ``sys.path``).
+    """
+    spec = importlib.util.find_spec("cachedb.migrations")
+    if spec is not None and spec.submodule_search_locations:
+        for location in spec.submodule_search_locations:
+            if (Path(location) / "env.py").is_file():
+                return Path(location)
+    here = Path(__file__).resolve().parents[2] / "migrations"
+    if (here / "env.py").is_file():
+        return here
+    raise MigrationError("cachedb's migrations are not installed (no cachedb.migrations package)")
+
+
+def alembic_config(connection: Connection | None = None) -> Config:
+    """An Alembic :class:`Config` for the packaged migrations, bound to ``connection``."""
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(migrations_dir()))
+    if connection is not None:
+        cfg.attributes["connection"] = connection
+    return cfg
+
+
+def head_revision() -> str:
+    """The single head revision of the packaged migrations (read by Alembic)."""
+    from alembic.script import ScriptDirectory
+
+    heads = ScriptDirectory.from_config(alembic_config()).get_heads()
+    if len(heads) != 1:
+        raise MigrationError(f"cachedb's migrations must have one head, found {heads}")
+    return heads[0]
+
+
+def current_revision(connection: Connection) -> str | None:
+    """The revision stamped in the database (``None`` for an empty database)."""
+    from alembic.runtime.migration import MigrationContext
+
+    return MigrationContext.configure(connection).get_current_revision()
+
+
+def _stamped_revision(connection: Connection) -> str | None:
+    """``alembic_version.version_num`` read with plain SQL (``None``: no table or no row, or
+    several rows: Alembic decides then)."""
+    if not inspect(connection).has_table("alembic_version"):
+        return None
+    rows = connection.execute(text("SELECT version_num FROM alembic_version")).all()
+    return rows[0][0] if len(rows) == 1 else None
+
+
+def _check_known(where: str, revision: str | None) -> None:
+    if revision is None or revision == HEAD_REVISION:
+        return
+    from alembic.script import ScriptDirectory
+
+    script = ScriptDirectory.from_config(alembic_config())
+    try:
+        known = script.get_revision(revision)
+    except Exception:  # alembic raises several types for unknown ids
+        known = None
+    if known is None:
+        raise SchemaTooNewError(where, revision, head_revision())
+
+
+def upgrade(engine: Engine, *, where: str, lock_timeout_s: float = DEFAULT_UPGRADE_LOCK_TIMEOUT_S) -> bool:
+    """Bring the database to the head revision. Returns True if an upgrade ran.
+
+    Checks first without locking; if work is needed, takes ``<db>.lock`` (SQLite) with
+    filelock, checks again and upgrades in one transaction, so that of many processes opening
+    an old database at once exactly one upgrades and the others wait. On PostgreSQL the lock
+    is a transaction-scoped advisory lock.
+
+    Raises :class:`SchemaTooNewError` for a revision the code does not know and
+    :class:`MigrationError` when the upgrade fails (the transaction is rolled back) or the
+    lock is not obtained within ``lock_timeout_s`` seconds.
+    """
+    with engine.connect() as conn:
+        if _stamped_revision(conn) == HEAD_REVISION:
+            conn.rollback()
+            return False  # the common case, without importing Alembic
+        rev = current_revision(conn)
+        conn.rollback()
+    head = head_revision()
+    _check_known(where, rev)
+    if rev == head:
+        return False
+
+    path = sqlite_path(engine.url)
+    lock = FileLock(str(path) + ".lock", timeout=lock_timeout_s, mode=0o600) if path is not None else None
+    try:
+        if lock is not None:
+            lock.acquire()
+    except Timeout as exc:
+        raise MigrationError(
+            f"{where}: another process held the upgrade lock {lock.lock_file} "
+            f"for more than {lock_timeout_s:.0f} s"
+        ) from exc
+    try:
+        with engine.connect().execution_options(**{WRITE_OPTION: True}) as conn:
+            with conn.begin():
+                if conn.dialect.name == "postgresql":
+                    conn.exec_driver_sql("SELECT pg_advisory_xact_lock(7262230111)")
+                rev = current_revision(conn)
+                _check_known(where, rev)
+                if rev == head:
+                    return False
+                log.info("cachedb: upgrading %s from %s to %s", where, rev, head)
+                from alembic import command
+
+                try:
+                    with _ALEMBIC_LOCK:
+                        command.upgrade(alembic_config(conn), "head")
+                except Exception as exc:
+                    raise MigrationError(f"{where}: upgrade from {rev} to {head} failed: {exc}") from exc
+        return True
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def downgrade(engine: Engine, revision: str) -> None:
+    """Downgrade to ``revision`` (``"base"`` drops everything). For tests and rollbacks."""
+    from alembic import command
+
+    with engine.connect().execution_options(**{WRITE_OPTION: True}) as conn:
+        with conn.begin(), _ALEMBIC_LOCK:
+            command.downgrade(alembic_config(conn), revision)
+
+
+__all__ = [
+    "alembic_config",
+    "current_revision",
+    "downgrade",
+    "head_revision",
+    "is_sqlite",
+    "migrations_dir",
+    "upgrade",
+]

@@ -1,0 +1,343 @@
+"""Typed SQLAlchemy 2.0 ORM models of Inductor's caches, one class per table of
+:mod:`cachedb.store.tables` (declarative with imperative tables: each class maps its Core table
+through ``__table__``; the ``Mapped`` annotations type the attributes). The classes document
+what each column holds; the tables, the schema's constants and the views are in
+:mod:`cachedb.store.tables`, which is what the hot paths import (no ORM in a compiling process).
+
+The admin commands, the migrations' environment and the tests use these classes; the
+repositories build their statements from the tables.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Optional
+
+from sqlalchemy.orm import DeclarativeBase, Mapped, relationship
+
+from . import tables
+from .tables import (  # the schema's names, importable from here as before
+    ARTIFACT_KINDS,
+    AUTOTUNE_TIMINGS,
+    GUARDED_KINDS,
+    NAMING_CONVENTION,
+    NATURAL_KEY_COLUMNS,
+    NEWEST_WINS_COMPARED,
+    VIEW_NAMES,
+    utcnow,
+)
+
+__all__ = [
+    "ARTIFACT_KINDS", "AUTOTUNE_TIMINGS", "GUARDED_KINDS", "NAMING_CONVENTION", "NATURAL_KEY_COLUMNS",
+    "NEWEST_WINS_COMPARED", "VIEW_NAMES", "utcnow",
+    "Base", "SystemFingerprint", "GuardedEntry", "AutotuneKey", "AutotuneRun", "AutotuneTiming",
+    "LocalCacheValue", "BestConfig", "QuarantinedEntry", "CutlassOpList", "CutlassOp", "KernelBlob",
+    "KernelArtifact",
+]
+
+
+class Base(DeclarativeBase):
+    metadata = tables.metadata
+
+
+class SystemFingerprint(Base):
+    """Where an entry was produced.
+
+    ``system_hash`` is Inductor's own ``CacheBase.get_system()["hash"]``
+    (torch/_inductor/codecache.py); it is identical on every CPU-only machine, so the host
+    fields (``cpu_model``, ``isa``) and the torch build (``torch_version``, ``torch_key``)
+    complete it. ``fingerprint_key`` is the natural key: the SHA-256 hex digest of the
+    canonical JSON of every identifying field (:func:`cachedb.fingerprint.fingerprint_key`).
+    ``system_json`` is the ``"system"`` object exactly as Inductor wrote it, so a
+    ``cache/<system hash>`` file is exported byte for byte.
+    """
+
+    __table__ = tables.system_fingerprints
+
+    id: Mapped[int]
+    fingerprint_key: Mapped[str]
+    system_hash: Mapped[str]
+    system_json: Mapped[str]
+    device_name: Mapped[Optional[str]]
+    triton_key: Mapped[Optional[str]]
+    cuda_version: Mapped[Optional[str]]
+    hip_version: Mapped[Optional[str]]
+    torch_version: Mapped[Optional[str]]
+    torch_key: Mapped[Optional[str]]
+    cpu_model: Mapped[Optional[str]]
+    isa: Mapped[Optional[str]]
+    created_at: Mapped[dt.datetime]
+
+
+class GuardedEntry(Base):
+    """One compiled variant of an FX graph or AOTAutograd cache key.
+
+    ``variant`` is ``sha256_hash(payload)`` (torch/_inductor/codecache.py), the leaf file name
+    Inductor gives it; ``guards_expr`` is the entry's guard expression read from the pickle
+    without executing it (``None`` = unconditional hit, unless ``guards_known`` is false, in
+    which case ``guards_note`` says why it could not be read). ``time_taken_ns`` is the
+    compile time Inductor recorded (FX: ``_time_taken_ns``; AOT: forward + backward).
+    ``last_used_at`` (indexed, revision 0002) is the time of the last hit, or of the write;
+    eviction (``cachedb prune``) removes the least recently used first. ``signature`` is the
+    HMAC-SHA256 of the entry under the team's key when signing is on (:mod:`cachedb.store.signing`).
+    """
+
+    __table__ = tables.guarded_entries
+
+    id: Mapped[int]
+    kind: Mapped[str]
+    key: Mapped[str]
+    variant: Mapped[str]
+    guards_expr: Mapped[Optional[str]]
+    guards_known: Mapped[bool]
+    guards_note: Mapped[Optional[str]]
+    payload: Mapped[bytes]
+    size_bytes: Mapped[int]
+    checksum: Mapped[str]
+    time_taken_ns: Mapped[Optional[int]]
+    created_at: Mapped[dt.datetime]
+    last_used_at: Mapped[dt.datetime]
+    hit_count: Mapped[int]
+    fingerprint_id: Mapped[Optional[int]]
+    signature: Mapped[Optional[str]]
+
+    fingerprint: Mapped[Optional[SystemFingerprint]] = relationship()
+
+
+class AutotuneKey(Base):
+    """One ``cache[op][inputs][precision]`` of ``PersistentCache`` (torch/_inductor/codecache.py)
+    on one fingerprint: the strings every benchmark of its choices shares, stored once
+    (revision 0004). ``hint_override`` is the ``hint_override`` of the inputs key (``None``:
+    none). Rows are found by the index on ``(fingerprint_id, op, inputs, precision)``; the
+    writers look a key up before adding one, so a key normally has one row (two concurrent
+    PostgreSQL writers may add a duplicate, which reads treat as the same key).
+    """
+
+    __table__ = tables.autotune_keys
+
+    id: Mapped[int]
+    fingerprint_id: Mapped[int]
+    op: Mapped[str]
+    inputs: Mapped[str]
+    hint_override: Mapped[Optional[int]]
+    precision: Mapped[str]
+
+    fingerprint: Mapped[SystemFingerprint] = relationship()
+
+
+class AutotuneRun(Base):
+    """One benchmark of a key's choices, at ``recorded_at`` (revision 0004): what one
+    ``PersistentCache.lookup`` miss measured, or one import of a document's values."""
+
+    __table__ = tables.autotune_runs
+
+    id: Mapped[int]
+    key_id: Mapped[int]
+    recorded_at: Mapped[dt.datetime]
+
+    key: Mapped[AutotuneKey] = relationship()
+
+
+class AutotuneTiming(Base):
+    """One timing of one choice in one run: ``cache[op][inputs_key][precision][choice_hash] =
+    timing_ms`` (milliseconds).
+
+    Mirrors ``PersistentCache.lookup`` (torch/_inductor/codecache.py). A re-benchmark adds a
+    run; the current value of a choice is its latest run's. ``position`` orders entries as they
+    first appeared in Inductor's JSON document (shared with :class:`LocalCacheValue`), so an
+    export writes the document back byte for byte.
+
+    Since revision 0004 the strings of ``(fingerprint, op, inputs, precision)`` live once per
+    key (:class:`AutotuneKey`) and the timestamp once per run (:class:`AutotuneRun`); the view
+    ``autotune_timings`` (:data:`AUTOTUNE_TIMINGS`) shows the rows flat, as revisions 0001-0003
+    stored them.
+    """
+
+    __table__ = tables.autotune_run_timings
+
+    id: Mapped[int]
+    run_id: Mapped[int]
+    choice_hash: Mapped[str]
+    timing_ms: Mapped[float]
+    position: Mapped[int]
+
+    run: Mapped[AutotuneRun] = relationship()
+
+
+class LocalCacheValue(Base):
+    """A ``LocalCache`` value (pad_mm decisions, runtime estimates, …) under its key path.
+
+    ``key_path`` is the JSON array of keys from the top of the ``"cache"`` object down to the
+    value (``LocalCache.set_value(*keys, value=...)``), ``namespace`` its first key, and
+    ``value_json`` the JSON of the value (a leaf: never a non-empty object).
+    """
+
+    __table__ = tables.local_cache_values
+
+    id: Mapped[int]
+    fingerprint_id: Mapped[int]
+    namespace: Mapped[str]
+    key_path: Mapped[str]
+    value_json: Mapped[str]
+    position: Mapped[int]
+    updated_at: Mapped[dt.datetime]
+
+    fingerprint: Mapped[SystemFingerprint] = relationship()
+
+
+class BestConfig(Base):
+    """An autotune best config (``AutotuneCache``, torch/_inductor/runtime/autotune_cache.py).
+
+    ``key`` is the file's path relative to ``cache_dir()``, ``"<k[1:3]>/<name>.best_config"``
+    (the Mega-Cache artifact key), so one database serves any cache directory. ``content`` is
+    the JSON exactly as written; the other columns are extracted from it.
+    """
+
+    __table__ = tables.best_configs
+
+    id: Mapped[int]
+    key: Mapped[str]
+    content: Mapped[str]
+    configs_hash: Mapped[Optional[str]]  # not indexed since 0005
+    num_warps: Mapped[Optional[int]]
+    num_stages: Mapped[Optional[int]]
+    found_by_coordesc: Mapped[Optional[bool]]
+    time_taken_ms: Mapped[Optional[int]]
+    triton_cache_hash: Mapped[Optional[str]]
+    kernel_kwargs: Mapped[Optional[str]]
+    signature: Mapped[Optional[str]]
+    fingerprint_id: Mapped[Optional[int]]
+    created_at: Mapped[dt.datetime]
+    updated_at: Mapped[dt.datetime]
+
+
+class QuarantinedEntry(Base):
+    """A guarded entry whose payload failed its checksum (or signature): moved here, never
+    served, kept for inspection (``cachedb verify`` lists them). Revision 0002."""
+
+    __table__ = tables.quarantined_entries
+
+    id: Mapped[int]
+    kind: Mapped[str]
+    key: Mapped[str]
+    variant: Mapped[str]
+    payload: Mapped[bytes]
+    size_bytes: Mapped[int]
+    checksum: Mapped[str]
+    reason: Mapped[str]
+    quarantined_at: Mapped[dt.datetime]
+
+
+class CutlassOpList(Base):
+    """A CUTLASS op list, ``configs_<request_key>.json`` (``maybe_fetch_ops``,
+    torch/_inductor/codegen/cutlass/cache.py). ``payload`` is the zstd frame of the file's
+    exact bytes; ``arch``, ``cuda_version`` and ``instantiation_level`` are the inputs of the
+    request key where known (an imported file only reveals ``arch``)."""
+
+    __table__ = tables.cutlass_op_lists
+
+    id: Mapped[int]
+    request_key: Mapped[str]
+    arch: Mapped[Optional[int]]
+    cuda_version: Mapped[Optional[str]]
+    instantiation_level: Mapped[Optional[str]]
+    op_count: Mapped[int]
+    payload: Mapped[bytes]
+    size_bytes: Mapped[int]
+    checksum: Mapped[str]
+    created_at: Mapped[dt.datetime]
+
+    ops: Mapped[list[CutlassOp]] = relationship(
+        back_populates="op_list", cascade="all, delete-orphan", passive_deletes=True
+    )
+
+
+class CutlassOp(Base):
+    """One op of a CUTLASS op list, with the fields users filter by (parsed without CUTLASS
+    installed, :func:`cachedb.formats.cutlass_ops.parse_op_list`)."""
+
+    __table__ = tables.cutlass_ops
+
+    id: Mapped[int]
+    op_list_id: Mapped[int]
+    position: Mapped[int]
+    gemm_kind: Mapped[Optional[str]]
+    arch: Mapped[Optional[int]]
+    element_a: Mapped[Optional[str]]
+    element_b: Mapped[Optional[str]]
+    element_c: Mapped[Optional[str]]
+    element_d: Mapped[Optional[str]]
+    element_accumulator: Mapped[Optional[str]]
+    element_epilogue: Mapped[Optional[str]]
+    layout_a: Mapped[Optional[str]]
+    layout_b: Mapped[Optional[str]]
+    layout_c: Mapped[Optional[str]]
+    layout_d: Mapped[Optional[str]]
+    alignment_a: Mapped[Optional[int]]
+    alignment_b: Mapped[Optional[int]]
+    alignment_c: Mapped[Optional[int]]
+    alignment_d: Mapped[Optional[int]]
+    tile_shape: Mapped[Optional[str]]
+    cluster_shape: Mapped[Optional[str]]
+    stages: Mapped[Optional[int]]
+    kernel_schedule: Mapped[Optional[str]]
+    epilogue_schedule: Mapped[Optional[str]]
+    tile_scheduler: Mapped[Optional[str]]
+    epilogue_functor: Mapped[Optional[str]]
+    swizzling_functor: Mapped[Optional[str]]
+
+    op_list: Mapped[CutlassOpList] = relationship(back_populates="ops")
+
+
+class KernelBlob(Base):
+    """The bytes of one kernel file, stored once however many keys or machines share them
+    (revision 0003).
+
+    ``sha256`` is the hex digest of the uncompressed bytes (the content address and the
+    checksum); ``payload`` their zstd frame; ``size_bytes`` the uncompressed size and
+    ``stored_bytes`` the frame's size, both in bytes.
+    """
+
+    __table__ = tables.kernel_blobs
+
+    id: Mapped[int]
+    sha256: Mapped[str]
+    payload: Mapped[bytes]
+    size_bytes: Mapped[int]
+    stored_bytes: Mapped[int]
+    created_at: Mapped[dt.datetime]
+
+
+class KernelArtifact(Base):
+    """One file of a compiled kernel, found by the key its compiler gives it (revision 0003).
+
+    - ``kind="triton"``: a file of Triton's cache directory ``<triton cache>/<key>/<name>``
+      (``key`` = ``_base32(sha256(get_cache_key(...)))``, triton/runtime/cache.py; it covers
+      the source, Triton's build, the GPU arch, ptxas and the options). ``host_key`` is ``""``:
+      the key alone decides.
+    - ``kind="cpp"``: a C++ kernel library built by ``CppCodeCache.load_async``
+      (torch/_inductor/codecache.py), ``<cache dir>/<key[1:3]>/<name>`` with ``key`` the
+      ``code_hash`` of its source and command line. The command line says ``-march=native``
+      and not the compiler's version, so ``host_key`` (:func:`cachedb.live._cpp_cache.host_key`:
+      compiler version, CPU flags, machine, torch and Python versions) scopes the binary to the
+      hosts that can load it; ``""`` = built on an unknown host (exported, never served).
+
+    A whole key directory is fetched in one query (the unique index leads with kind, host key,
+    key). ``last_used_at`` (indexed) drives eviction; ``hit_count`` counts serves.
+    """
+
+    __table__ = tables.kernel_artifacts
+
+    id: Mapped[int]
+    kind: Mapped[str]
+    host_key: Mapped[str]
+    key: Mapped[str]
+    name: Mapped[str]
+    blob_id: Mapped[int]
+    size_bytes: Mapped[int]
+    fingerprint_id: Mapped[Optional[int]]
+    created_at: Mapped[dt.datetime]
+    last_used_at: Mapped[dt.datetime]
+    hit_count: Mapped[int]
+
+    blob: Mapped[KernelBlob] = relationship()

@@ -1,0 +1,319 @@
+"""Schema v1 as SQLAlchemy Core tables: what every statement of cachedb is built from.
+
+One table family per cache kind Inductor writes under ``cache_dir()``:
+
+===========================  ==================================================================
+table                        Inductor artifact
+===========================  ==================================================================
+``system_fingerprints``      ``CacheBase.get_system()`` (+ torch version, ``torch_key``, host)
+``guarded_entries``          ``fxgraph/<k[1:3]>/<key>/<variant>``, ``aotautograd/<key>/<variant>``
+``autotune_keys``            ``cache/<system hash>`` → ``cache[op][inputs][precision]``
+``autotune_runs``            one benchmark of a key's choices (``recorded_at``)
+``autotune_run_timings``     ``cache[op][inputs][precision][choice]`` = ms, per run
+``local_cache_values``       ``cache/<system hash>`` → any other ``LocalCache`` value
+``best_configs``             ``<k[1:3]>/<name>.best_config``
+``cutlass_op_lists``         ``configs_<request key>.json``
+``cutlass_ops``              one row per op of a CUTLASS op list
+``kernel_artifacts``         ``triton/<device>/<key>/<file>`` (Triton's cache), ``<k[1:3]>/<k>*.so``
+                             (C++ kernel libraries): (kind, host, key, file name) → a blob
+``kernel_blobs``             content-addressed bytes of kernel files (one copy per SHA-256)
+``quarantined_entries``      guarded entries that failed their checksum or signature
+===========================  ==================================================================
+
+What each column holds is documented on its typed ORM class in :mod:`cachedb.store.models`, which
+maps these tables (``__table__``). They are Core tables so that a compiling process, whose
+hot paths run prebuilt Core statements (the repositories' lookups, puts and records), loads
+neither ``sqlalchemy.orm`` nor the mappers: ``import cachedb`` and the live seams import this
+module, not :mod:`cachedb.store.models` (~0.1 s less per compiling process on a 2-core VM).
+
+Views (created by the migrations, see :data:`VIEW_NAMES`): ``autotune_current``,
+``autotune_winners``, ``autotune_history`` (revision 0001), ``kernels`` (revision 0003),
+``autotune_timings`` (revision 0004: the timings flat, as the table of that name held them).
+
+Timestamps are timezone-aware UTC. Payload columns hold zstd frames; sizes are bytes of the
+uncompressed payload; ``checksum`` is the SHA-256 hex digest of the uncompressed payload.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Column,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+)
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+#: Kinds of guarded entries, named after their directory under ``cache_dir()``.
+GUARDED_KINDS = ("fxgraph", "aotautograd")
+
+#: Kinds of kernel artifacts: Triton's cache directories and C++ kernel libraries.
+ARTIFACT_KINDS = ("triton", "cpp")
+
+#: Natural-key columns of the tables that ``cachedb copy`` / merge and the remote tier match by
+#: key rather than by a newest-wins row (:mod:`cachedb.fleet.copy`, :mod:`cachedb.fleet.tier_sync`).
+NATURAL_KEY_COLUMNS = {
+    "kernel_artifacts": ("kind", "host_key", "key", "name"),
+    "guarded_entries": ("kind", "key", "variant"),
+    "quarantined_entries": ("kind", "key", "variant", "checksum", "quarantined_at"),
+}
+#: Columns compared to tell whether a newest-wins row (the same key on both sides) changed.
+NEWEST_WINS_COMPARED = {"local_cache_values": ("value_json",), "best_configs": ("content",)}
+
+
+def utcnow() -> dt.datetime:
+    """The current time, timezone-aware UTC (the value every timestamp column gets)."""
+    return dt.datetime.now(dt.timezone.utc)
+
+
+#: Every table of the schema (the views are not in it); :class:`cachedb.store.models.Base` maps it.
+metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+def _utc_timestamp(name: str, *, index: bool | None = None) -> Column[dt.datetime]:
+    return Column(name, DateTime(timezone=True), nullable=False, default=utcnow, index=index)
+
+
+system_fingerprints = Table(
+    "system_fingerprints",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("fingerprint_key", String(64), nullable=False, unique=True),
+    Column("system_hash", String(64), nullable=False, index=True),
+    Column("system_json", Text, nullable=False),
+    Column("device_name", String(256)),
+    Column("triton_key", String(256)),
+    Column("cuda_version", String(32)),
+    Column("hip_version", String(64)),
+    Column("torch_version", String(64)),
+    Column("torch_key", String(64)),
+    Column("cpu_model", String(256)),
+    Column("isa", String(64)),
+    _utc_timestamp("created_at"),
+)
+
+guarded_entries = Table(
+    "guarded_entries",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("kind", String(16), nullable=False),
+    Column("key", String(128), nullable=False),
+    Column("variant", String(64), nullable=False),
+    Column("guards_expr", Text),
+    Column("guards_known", Boolean, nullable=False, default=True),
+    Column("guards_note", Text),
+    Column("payload", LargeBinary, nullable=False),
+    Column("size_bytes", BigInteger, nullable=False),
+    Column("checksum", String(64), nullable=False),
+    Column("time_taken_ns", BigInteger),
+    _utc_timestamp("created_at"),
+    _utc_timestamp("last_used_at", index=True),
+    Column("hit_count", Integer, nullable=False, default=0),
+    Column("fingerprint_id", Integer, ForeignKey("system_fingerprints.id", ondelete="SET NULL"), index=True),
+    Column("signature", String(64)),
+    UniqueConstraint("kind", "key", "variant", name="uq_guarded_entries_kind_key_variant"),
+)
+
+autotune_keys = Table(
+    "autotune_keys",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("fingerprint_id", Integer, ForeignKey("system_fingerprints.id", ondelete="CASCADE"), nullable=False),
+    Column("op", String(256), nullable=False),
+    Column("inputs", Text, nullable=False),
+    Column("hint_override", BigInteger),
+    Column("precision", String(16), nullable=False),
+    Index("ix_autotune_keys_lookup", "fingerprint_id", "op", "inputs", "precision"),
+)
+
+autotune_runs = Table(
+    "autotune_runs",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("key_id", Integer, ForeignKey("autotune_keys.id", ondelete="CASCADE"), nullable=False),
+    _utc_timestamp("recorded_at"),
+    Index("ix_autotune_runs_key_id", "key_id", "recorded_at"),
+)
+
+autotune_run_timings = Table(
+    "autotune_run_timings",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("run_id", Integer, ForeignKey("autotune_runs.id", ondelete="CASCADE"), nullable=False),
+    Column("choice_hash", Text, nullable=False),
+    Column("timing_ms", Float, nullable=False),
+    Column("position", BigInteger, nullable=False, index=True),
+    Index("ix_autotune_run_timings_run_id", "run_id"),
+)
+
+local_cache_values = Table(
+    "local_cache_values",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("fingerprint_id", Integer, ForeignKey("system_fingerprints.id", ondelete="CASCADE"), nullable=False),
+    Column("namespace", String(256), nullable=False, index=True),
+    Column("key_path", Text, nullable=False),
+    Column("value_json", Text, nullable=False),
+    Column("position", BigInteger, nullable=False, index=True),
+    _utc_timestamp("updated_at"),
+    UniqueConstraint("fingerprint_id", "key_path", name="uq_local_cache_values_fp_key_path"),
+)
+
+best_configs = Table(
+    "best_configs",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("key", String(256), nullable=False, unique=True),
+    Column("content", Text, nullable=False),
+    Column("configs_hash", String(64)),  # not indexed since 0005
+    Column("num_warps", Integer),
+    Column("num_stages", Integer),
+    Column("found_by_coordesc", Boolean),
+    Column("time_taken_ms", BigInteger),
+    Column("triton_cache_hash", String(128)),
+    Column("kernel_kwargs", Text),
+    Column("signature", String(64)),
+    Column("fingerprint_id", Integer, ForeignKey("system_fingerprints.id", ondelete="SET NULL")),
+    _utc_timestamp("created_at"),
+    _utc_timestamp("updated_at"),
+)
+
+quarantined_entries = Table(
+    "quarantined_entries",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("kind", String(16), nullable=False),
+    Column("key", String(128), nullable=False),
+    Column("variant", String(64), nullable=False),
+    Column("payload", LargeBinary, nullable=False),
+    Column("size_bytes", BigInteger, nullable=False),
+    Column("checksum", String(64), nullable=False),
+    Column("reason", Text, nullable=False),
+    _utc_timestamp("quarantined_at"),
+)
+
+cutlass_op_lists = Table(
+    "cutlass_op_lists",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("request_key", String(64), nullable=False, unique=True),
+    Column("arch", Integer),
+    Column("cuda_version", String(32)),
+    Column("instantiation_level", String(32)),
+    Column("op_count", Integer, nullable=False),
+    Column("payload", LargeBinary, nullable=False),
+    Column("size_bytes", BigInteger, nullable=False),
+    Column("checksum", String(64), nullable=False),
+    _utc_timestamp("created_at"),
+)
+
+cutlass_ops = Table(
+    "cutlass_ops",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("op_list_id", Integer, ForeignKey("cutlass_op_lists.id", ondelete="CASCADE"), nullable=False, index=True),
+    Column("position", Integer, nullable=False),
+    Column("gemm_kind", String(64)),
+    Column("arch", Integer),
+    Column("element_a", String(32)),
+    Column("element_b", String(32)),
+    Column("element_c", String(32)),
+    Column("element_d", String(32)),
+    Column("element_accumulator", String(32)),
+    Column("element_epilogue", String(32)),
+    Column("layout_a", String(32)),
+    Column("layout_b", String(32)),
+    Column("layout_c", String(32)),
+    Column("layout_d", String(32)),
+    Column("alignment_a", Integer),
+    Column("alignment_b", Integer),
+    Column("alignment_c", Integer),
+    Column("alignment_d", Integer),
+    Column("tile_shape", String(32)),
+    Column("cluster_shape", String(32)),
+    Column("stages", Integer),
+    Column("kernel_schedule", String(64)),
+    Column("epilogue_schedule", String(64)),
+    Column("tile_scheduler", String(64)),
+    Column("epilogue_functor", String(64)),
+    Column("swizzling_functor", String(64)),
+    Index("ix_cutlass_ops_types", "element_a", "element_b", "layout_a", "layout_b"),
+)
+
+kernel_blobs = Table(
+    "kernel_blobs",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("sha256", String(64), nullable=False, unique=True),
+    Column("payload", LargeBinary, nullable=False),
+    Column("size_bytes", BigInteger, nullable=False),
+    Column("stored_bytes", BigInteger, nullable=False),
+    _utc_timestamp("created_at"),
+)
+
+kernel_artifacts = Table(
+    "kernel_artifacts",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("kind", String(16), nullable=False),
+    Column("host_key", String(64), nullable=False, default=""),
+    Column("key", String(128), nullable=False),
+    Column("name", String(255), nullable=False),
+    Column("blob_id", Integer, ForeignKey("kernel_blobs.id", ondelete="RESTRICT"), nullable=False, index=True),
+    Column("size_bytes", BigInteger, nullable=False),
+    Column("fingerprint_id", Integer, ForeignKey("system_fingerprints.id", ondelete="SET NULL"), index=True),
+    _utc_timestamp("created_at"),
+    _utc_timestamp("last_used_at", index=True),
+    Column("hit_count", Integer, nullable=False, default=0),
+    UniqueConstraint("kind", "host_key", "key", "name", name="uq_kernel_artifacts_kind_host_key_key_name"),
+)
+
+
+#: Views created by the migrations. Every timing flat (0004_compact_timings.py):
+#: ``autotune_timings`` (:data:`AUTOTUNE_TIMINGS`). Tuning history (SQL in 0001_schema_v1.py,
+#: recreated unchanged by 0004):
+#: ``autotune_current`` (latest timing of each choice), ``autotune_winners`` (fastest current
+#: choice per op, inputs, precision and fingerprint, with the number of candidates) and
+#: ``autotune_history`` (every benchmark with its fingerprint: device, torch version, host).
+#: Kernels (0003_kernel_artifacts.py): ``kernels``, one row per kernel key with its files,
+#: bytes (uncompressed and stored), blobs shared with other keys, hits and last use.
+VIEW_NAMES = ("autotune_timings", "autotune_current", "autotune_winners", "autotune_history", "kernels")
+
+#: The view ``autotune_timings`` (revision 0004, migrations/versions/0004_compact_timings.py):
+#: every timing flat, one row per ``autotune_run_timings`` row with its key's and run's
+#: columns, as the table of that name held them before. Reads (SQLite and PostgreSQL inline the
+#: join) and ``cachedb copy`` from any revision go through it; writes go to the three tables
+#: (:mod:`cachedb.repositories.timings`). Not part of :data:`metadata`: it is no table.
+AUTOTUNE_TIMINGS = Table(
+    "autotune_timings",
+    MetaData(),
+    Column("id", Integer, primary_key=True),
+    Column("fingerprint_id", Integer, nullable=False),
+    Column("op", String(256), nullable=False),
+    Column("inputs", Text, nullable=False),
+    Column("hint_override", BigInteger),
+    Column("precision", String(16), nullable=False),
+    Column("choice_hash", Text, nullable=False),
+    Column("timing_ms", Float, nullable=False),
+    Column("position", BigInteger, nullable=False),
+    Column("recorded_at", DateTime(timezone=True), nullable=False),
+)

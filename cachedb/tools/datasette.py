@@ -1,0 +1,263 @@
+"""Datasette metadata for a cachedb database (``cachedb datasette-metadata``).
+
+``datasette cache.db -m meta.json`` then shows every table and view with a description,
+column descriptions and units (``ms``, ``ns``, ``bytes``), and canned queries:
+
+- ``winners_per_op``: the winning choice per op, input shape, precision, GPU and torch version
+  (``:op`` filters, empty for all);
+- ``torch_regressions``: op/shape/precision/device whose winner got slower from torch ``:old``
+  to torch ``:new`` (ratio new/old);
+- ``largest_entries``: the largest stored entries of every kind (bytes and stored bytes);
+- ``stale_fingerprints``: system fingerprints nothing has used for ``:days`` days.
+
+The queries are SQLite (Datasette serves SQLite files only). Nothing here imports Datasette.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from .._errors import CacheDBError
+
+#: Units Datasette shows next to values (Pint unit names).
+_MS, _NS, _BYTES = "ms", "ns", "bytes"
+
+
+class MetadataError(CacheDBError):
+    """The metadata could not be written or formatted."""
+
+
+def database_name(location: str | None) -> str:
+    """The name Datasette gives the database of ``location``: the file's name without its
+    extension (``cache.db`` → ``cache``)."""
+    if location is None:
+        from ..store.engine import default_location
+
+        location = default_location()
+    tail = location.rstrip("/").rsplit("/", 1)[-1].split("?", 1)[0]
+    return Path(tail).stem or "cachedb"
+
+
+TABLES: dict[str, dict[str, Any]] = {
+    "system_fingerprints": {
+        "description": "Where entries were produced: Inductor's system hash (GPU, CUDA/HIP, Triton), "
+                       "torch version and torch_key, CPU model and ISA. One row per distinct machine/torch build.",
+        "columns": {
+            "system_hash": "Inductor's CacheBase.get_system() hash (identical on every CPU-only machine)",
+            "device_name": "GPU name (empty on CPU-only machines)",
+            "torch_version": "torch.__version__ of the process that wrote the entries",
+            "cpu_model": "CPU model name (tells CPU machines apart)",
+            "isa": "torch.backends.cpu.get_cpu_capability()",
+            "fingerprint_key": "SHA-256 of the identifying fields (natural key)",
+        },
+    },
+    "guarded_entries": {
+        "description": "FX graph and AOTAutograd cache entries: one compiled variant per row (payload zstd).",
+        "columns": {
+            "kind": "fxgraph or aotautograd",
+            "key": "the cache key torch computes",
+            "variant": "leaf file name: sha256 of the payload",
+            "guards_expr": "guard expression read from the pickle without executing it (empty: always hits)",
+            "size_bytes": "uncompressed payload size",
+            "time_taken_ns": "compile time Inductor recorded",
+            "hit_count": "hits served by the live backend",
+            "last_used_at": "last hit (or write), UTC; eviction removes the least recently used first",
+        },
+        "units": {"size_bytes": _BYTES, "time_taken_ns": _NS},
+    },
+    "autotune_keys": {
+        "description": "One cache[op][inputs][precision] of one fingerprint: the strings its benchmarks share.",
+        "columns": {
+            "op": "autotuned op (mm, addmm, linear_unary, ...)",
+            "inputs": "input key: per input (device, dtype, *sizes, *strides, offset)",
+            "precision": "torch.get_float32_matmul_precision() at tuning time",
+        },
+    },
+    "autotune_runs": {
+        "description": "One benchmark of a key's choices.",
+        "columns": {"recorded_at": "when it was benchmarked (UTC)"},
+    },
+    "autotune_run_timings": {
+        "description": "The timing of each choice in a run (view autotune_timings shows them flat).",
+        "columns": {"choice_hash": "the benchmarked choice (template config or extern kernel)",
+                    "timing_ms": "benchmarked time"},
+        "units": {"timing_ms": _MS},
+    },
+    "autotune_timings": {
+        "description": "View: every autotune benchmark flat, cache[op][inputs][precision][choice] = ms. "
+                       "A re-benchmark adds a row; the latest row of a choice is its current value.",
+        "columns": {
+            "op": "autotuned op (mm, addmm, linear_unary, ...)",
+            "inputs": "input key: per input (device, dtype, *sizes, *strides, offset)",
+            "precision": "torch.get_float32_matmul_precision() at tuning time",
+            "choice_hash": "the benchmarked choice (template config or extern kernel)",
+            "timing_ms": "benchmarked time",
+            "recorded_at": "when it was benchmarked (UTC)",
+        },
+        "units": {"timing_ms": _MS},
+    },
+    "local_cache_values": {
+        "description": "Other LocalCache values (pad_mm decisions, runtime estimates, ...) under their key path.",
+    },
+    "best_configs": {
+        "description": "Autotune best configs (<k[1:3]>/<name>.best_config), one per Triton kernel.",
+        "columns": {
+            "key": "<k[1:3]>/<name>.best_config, relative to the cache dir",
+            "kernel_kwargs": "block sizes of the chosen config (JSON)",
+            "found_by_coordesc": "found by coordinate descent (else by autotuning)",
+            "time_taken_ms": "tuning time Inductor recorded",
+        },
+        "units": {"time_taken_ms": _MS},
+    },
+    "cutlass_op_lists": {
+        "description": "CUTLASS op lists (configs_<request key>.json), payload zstd.",
+        "units": {"size_bytes": _BYTES},
+    },
+    "cutlass_ops": {"description": "One row per op of a CUTLASS op list, with the fields users filter by."},
+    "kernel_blobs": {
+        "description": "Content-addressed bytes of kernel files (one copy per SHA-256).",
+        "columns": {"size_bytes": "uncompressed size", "stored_bytes": "size of the zstd frame"},
+        "units": {"size_bytes": _BYTES, "stored_bytes": _BYTES},
+    },
+    "kernel_artifacts": {
+        "description": "Files of compiled kernels: Triton cache directories and C++ kernel libraries, by key.",
+        "columns": {"hit_count": "directories served by the live backend", "host_key": "C++: hosts that can load it"},
+        "units": {"size_bytes": _BYTES},
+    },
+    "quarantined_entries": {
+        "description": "Entries whose payload failed its checksum or signature: never served, kept for inspection.",
+        "units": {"size_bytes": _BYTES},
+    },
+    "alembic_version": {"description": "Schema revision (Alembic).", "hidden": True},
+    # views
+    "autotune_current": {
+        "description": "View: the current timing of each choice (its latest benchmark).",
+        "units": {"timing_ms": _MS},
+    },
+    "autotune_winners": {
+        "description": "View: the fastest current choice per op, inputs, precision and fingerprint, "
+                       "with the number of candidates benchmarked.",
+        "columns": {"candidates": "choices benchmarked for this op/inputs/precision on this fingerprint"},
+        "units": {"timing_ms": _MS},
+    },
+    "autotune_history": {
+        "description": "View: every benchmark with its fingerprint (device, CUDA/HIP, Triton, torch version, host): "
+                       "timings over time, GPUs and torch versions.",
+        "units": {"timing_ms": _MS},
+    },
+    "kernels": {
+        "description": "View: one row per kernel key: files, bytes (uncompressed) and stored bytes, "
+                       "files sharing a blob with another key, hits and last use.",
+        "units": {"size_bytes": _BYTES, "stored_bytes": _BYTES},
+    },
+}
+
+QUERIES: dict[str, dict[str, Any]] = {
+    "winners_per_op": {
+        "title": "Winners per op",
+        "description": "The winning choice per op, input shape, precision, GPU and torch version, with its time "
+                       "(ms) and the number of candidates. op: one op (e.g. mm), empty for all.",
+        "sql": """SELECT op, inputs, precision, device_name, torch_version, choice_hash AS winner,
+       timing_ms, candidates, recorded_at
+FROM autotune_winners
+WHERE (:op = '' OR op = :op)
+ORDER BY op, inputs, precision, device_name, torch_version""",
+    },
+    "torch_regressions": {
+        "title": "Regressions between two torch versions",
+        "description": "Op, input shape, precision and device whose winning time (ms) is slower under torch "
+                       ":new than under torch :old (e.g. old=2.11.0, new=2.13.0); ratio = new / old.",
+        "sql": """SELECT o.op, o.inputs, o.precision, o.device_name,
+       o.choice_hash AS old_winner, o.timing_ms AS old_ms,
+       n.choice_hash AS new_winner, n.timing_ms AS new_ms,
+       ROUND(n.timing_ms / o.timing_ms, 3) AS ratio
+FROM autotune_winners o
+JOIN autotune_winners n
+  ON n.op = o.op AND n.inputs = o.inputs AND n.precision = o.precision
+ AND n.hint_override IS o.hint_override AND n.device_name IS o.device_name
+WHERE o.torch_version = :old AND n.torch_version = :new AND n.timing_ms > o.timing_ms
+ORDER BY ratio DESC, o.op, o.inputs""",
+    },
+    "largest_entries": {
+        "title": "Largest entries",
+        "description": "The 100 largest stored entries of every kind: FX graph and AOTAutograd entries, "
+                       "kernels (whole key directories), CUTLASS op lists; bytes uncompressed and stored.",
+        "sql": """SELECT kind, key, detail, size_bytes, stored_bytes FROM (
+  SELECT kind, key, variant AS detail, size_bytes, LENGTH(payload) AS stored_bytes FROM guarded_entries
+  UNION ALL
+  SELECT kind || '_kernel', key, files || ' files', size_bytes, stored_bytes FROM kernels
+  UNION ALL
+  SELECT 'cutlass_op_list', request_key, op_count || ' ops', size_bytes, LENGTH(payload) FROM cutlass_op_lists
+)
+ORDER BY stored_bytes DESC, size_bytes DESC
+LIMIT 100""",
+        "units": {"size_bytes": _BYTES, "stored_bytes": _BYTES},
+    },
+    "stale_fingerprints": {
+        "title": "Stale fingerprints",
+        "description": "System fingerprints whose entries (guarded entries, kernels, timings, best configs, "
+                       "LocalCache values) nobody used or wrote for more than :days days, or that hold nothing.",
+        "sql": """SELECT f.id, f.system_hash, f.device_name, f.torch_version, f.cpu_model,
+       u.entries, u.last_used_at,
+       ROUND(julianday('now') - julianday(u.last_used_at), 1) AS days_unused
+FROM system_fingerprints f
+LEFT JOIN (
+  SELECT fingerprint_id, COUNT(*) AS entries, MAX(t) AS last_used_at FROM (
+    SELECT fingerprint_id, last_used_at AS t FROM guarded_entries
+    UNION ALL SELECT fingerprint_id, last_used_at FROM kernel_artifacts
+    UNION ALL SELECT fingerprint_id, recorded_at FROM autotune_timings
+    UNION ALL SELECT fingerprint_id, updated_at FROM best_configs
+    UNION ALL SELECT fingerprint_id, updated_at FROM local_cache_values
+  ) WHERE fingerprint_id IS NOT NULL GROUP BY fingerprint_id
+) u ON u.fingerprint_id = f.id
+WHERE u.last_used_at IS NULL OR julianday('now') - julianday(u.last_used_at) > CAST(:days AS REAL)
+ORDER BY u.last_used_at""",
+    },
+}
+
+
+def metadata(database: str = "cache") -> dict[str, Any]:
+    """Datasette's metadata document for a cachedb database Datasette names ``database``."""
+    from .._version import __version__
+
+    return {
+        "title": "cachedb: PyTorch Inductor's caches",
+        "description": "Inductor's caches in one SQLite database: FX graph and AOTAutograd entries, autotune "
+                       "timings and their history, best configs, CUTLASS op lists, kernels. Times in ms "
+                       "(ns where named), sizes in bytes; timestamps UTC.",
+        "source": f"cachedb {__version__}",
+        "databases": {
+            database: {
+                "description": "A cachedb database. Start with the views autotune_winners, autotune_history "
+                               "and kernels, or the canned queries.",
+                "tables": {name: dict(spec) for name, spec in TABLES.items()},
+                "queries": {name: dict(spec) for name, spec in QUERIES.items()},
+            }
+        },
+    }
+
+
+def dump(document: dict[str, Any], fmt: str = "json") -> str:
+    """``document`` as JSON (default) or YAML (needs PyYAML, which Datasette installs)."""
+    if fmt == "json":
+        return json.dumps(document, indent=2) + "\n"
+    if fmt == "yaml":
+        try:
+            import yaml
+        except ImportError as exc:
+            raise MetadataError("YAML output needs PyYAML (pip install pyyaml), or use --format json") from exc
+        return str(yaml.safe_dump(document, sort_keys=False, allow_unicode=True, width=100))
+    raise MetadataError(f"unknown format {fmt!r}: json or yaml")
+
+
+def write(document: str, out: str | os.PathLike[str]) -> Path:
+    """Write ``document`` to ``out`` and return its absolute path."""
+    path = Path(out).expanduser().resolve()
+    try:
+        path.write_text(document, encoding="utf-8")
+    except OSError as exc:
+        raise MetadataError(f"{out}: cannot write: {exc.strerror or exc}") from exc
+    return path

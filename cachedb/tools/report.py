@@ -1,0 +1,608 @@
+"""``cachedb report``: the tuning history and the cache's contents, as one self-contained HTML
+file (charts drawn by Plotly, whose JavaScript is inlined: the file works offline) or as rich
+tables in a terminal.
+
+What it shows, all read in one snapshot (:func:`collect`):
+
+- **autotuning**, per op and input shape: every choice's current timing (ms) and the winner, one
+  series per precision and system fingerprint (GPU or CPU, torch version), from the
+  ``autotune_current``/``autotune_winners`` views; the benchmarks over time
+  (``autotune_history``) where a shape has several series or re-benchmarks;
+- **best configs** per kernel (``best_configs``): the config, how it was found, the tuning time
+  (ms) and when it was first and last written;
+- **cache contents** by kind and fingerprint (:func:`cachedb.tools.stats.collect`);
+- **kernels** (the ``kernels`` view): key, files, bytes, stored bytes, hits;
+- **hits over time**: hit counts and last use of guarded entries and kernels.
+
+The HTML needs the ``report`` extra (``pip install 'cachedb[report]'``, Plotly); the text form
+needs nothing beyond cachedb's own dependencies.
+"""
+
+from __future__ import annotations
+
+import ast
+import datetime as dt
+import html
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.orm import Session
+
+from .._errors import CacheDBError
+from ..db import CacheDB
+
+#: Op/shape groups drawn as charts (all of them are in the tables).
+DEFAULT_MAX_GROUPS = 40
+#: Choices drawn per op/shape chart (the fastest ones).
+MAX_CHOICES_PER_CHART = 15
+#: Rows of the kernel and hit tables (largest / most used first).
+MAX_TABLE_ROWS = 200
+
+
+class ReportError(CacheDBError):
+    """The report could not be made (e.g. Plotly is not installed for ``--format html``)."""
+
+
+# --------------------------------------------------------------------------- data
+
+
+@dataclass
+class ReportData:
+    """Everything a report shows, read in one snapshot of the database."""
+
+    where: str
+    revision: str | None
+    generated_at: str
+    #: current timing of every choice: op, inputs, shape, hint_override, precision, series,
+    #: choice_hash, timing_ms, recorded_at, winner (bool)
+    timings: list[dict[str, Any]] = field(default_factory=list)
+    #: one row per op/shape/series: the winner, its margin over the runner-up, candidates
+    winners: list[dict[str, Any]] = field(default_factory=list)
+    #: every benchmark (autotune_history) with its series label
+    history: list[dict[str, Any]] = field(default_factory=list)
+    best_configs: list[dict[str, Any]] = field(default_factory=list)
+    contents: list[dict[str, Any]] = field(default_factory=list)
+    kernels: list[dict[str, Any]] = field(default_factory=list)
+    hits: list[dict[str, Any]] = field(default_factory=list)
+
+    def groups(self) -> list[tuple[str, str, str]]:
+        """``(op, shape, group key)`` of every op/shape, in first-seen order."""
+        seen: dict[str, tuple[str, str, str]] = {}
+        for r in self.timings:
+            seen.setdefault(r["group"], (r["op"], r["shape"], r["group"]))
+        return list(seen.values())
+
+
+def _iso(value: Any) -> str | None:
+    """A timestamp as ``YYYY-MM-DD HH:MM:SS`` (UTC), from a datetime (PostgreSQL) or the
+    string SQLite returns for a view's column."""
+    if value is None:
+        return None
+    if isinstance(value, dt.datetime):
+        if value.tzinfo is not None:
+            value = value.astimezone(dt.timezone.utc).replace(tzinfo=None)
+        return value.isoformat(sep=" ", timespec="seconds")
+    s = str(value)
+    return s[:19] if len(s) >= 19 and s[4] == "-" else s
+
+
+def series_label(device_name: str | None, torch_version: str | None, cpu_model: str | None,
+                 system_hash: str | None, precision: str | None = None) -> str:
+    """How a report names one system fingerprint (and precision): ``NVIDIA H100 · torch
+    2.11.0 · 1a2b3c4d · highest``."""
+    parts = [device_name or cpu_model or "CPU", f"torch {torch_version}" if torch_version else "torch ?"]
+    if system_hash:
+        parts.append(system_hash[:8])
+    if precision:
+        parts.append(precision)
+    return " · ".join(parts)
+
+
+def _dtype(name: Any) -> str:
+    short = {"torch.float32": "f32", "torch.float16": "f16", "torch.bfloat16": "bf16", "torch.float64": "f64",
+             "torch.int8": "i8", "torch.int32": "i32", "torch.int64": "i64", "torch.uint8": "u8",
+             "torch.float8_e4m3fn": "f8e4m3", "torch.float8_e5m2": "f8e5m2"}
+    return short.get(str(name), str(name).removeprefix("torch."))
+
+
+def shape_label(inputs: str) -> str:
+    """A short label of an autotune ``inputs`` key: ``f32[32,64] × f32[64,64] × f32[64]``.
+
+    Inductor's key lists, per input node, ``(device, dtype, *sizes, *strides, offset)``
+    (``AlgorithmSelectorCache.key_of``). The text is parsed as a Python literal (never
+    evaluated); anything else is returned shortened.
+    """
+    try:
+        nodes = ast.literal_eval(inputs)
+    except (ValueError, SyntaxError, MemoryError, RecursionError, TypeError):
+        return inputs if len(inputs) <= 80 else inputs[:77] + "..."
+    out = []
+    if isinstance(nodes, (list, tuple)):
+        for node in nodes:
+            if isinstance(node, (list, tuple)) and len(node) >= 3 and len(node) % 2 == 1:
+                ndim = (len(node) - 3) // 2
+                sizes = ",".join(str(s) for s in node[2:2 + ndim])
+                out.append(f"{_dtype(node[1])}[{sizes}]")
+            else:
+                out.append(str(node)[:30])
+    label = " × ".join(out)
+    return label if label else inputs[:80]
+
+
+def _rows(session: Session, sql: str, params: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+    result = session.execute(text(sql), dict(params or {}))
+    return [dict(r._mapping) for r in result]
+
+
+def collect(db: CacheDB) -> ReportData:
+    """Read everything the report shows, in one read-only snapshot of ``db``."""
+    from .stats import collect as collect_stats
+
+    with db.read() as repos:
+        s = repos.session
+        data = ReportData(
+            where=db.where, revision=db.revision(),
+            generated_at=dt.datetime.now(dt.timezone.utc).isoformat(sep=" ", timespec="seconds"),
+        )
+        current = _rows(s, """
+            SELECT c.fingerprint_id, c.op, c.inputs, c.hint_override, c.precision, c.choice_hash,
+                   c.timing_ms, c.recorded_at, f.system_hash, f.device_name, f.torch_version, f.cpu_model
+            FROM autotune_current c JOIN system_fingerprints f ON f.id = c.fingerprint_id
+            ORDER BY c.op, c.inputs, c.hint_override, f.device_name, f.torch_version, c.fingerprint_id,
+                     c.precision, c.timing_ms, c.choice_hash""")
+        winners = {(w["fingerprint_id"], w["op"], w["inputs"], w["hint_override"], w["precision"]): w
+                   for w in _rows(s, "SELECT fingerprint_id, op, inputs, hint_override, precision, choice_hash, "
+                                     "timing_ms, candidates FROM autotune_winners")}
+        shapes: dict[str, str] = {}
+        per_series: dict[tuple, list[dict[str, Any]]] = {}
+        for r in current:
+            shape = shapes.setdefault(r["inputs"], shape_label(r["inputs"]))
+            if r["hint_override"] is not None:
+                shape += f" (hint {r['hint_override']})"
+            wkey = (r["fingerprint_id"], r["op"], r["inputs"], r["hint_override"], r["precision"])
+            w = winners.get(wkey)
+            row = {
+                "op": r["op"], "inputs": r["inputs"], "shape": shape, "hint_override": r["hint_override"],
+                "group": f"{r['op']}\x00{r['inputs']}\x00{r['hint_override']}",
+                "precision": r["precision"],
+                "series": series_label(r["device_name"], r["torch_version"], r["cpu_model"], r["system_hash"],
+                                       r["precision"]),
+                "device_name": r["device_name"], "torch_version": r["torch_version"],
+                "choice_hash": r["choice_hash"], "timing_ms": float(r["timing_ms"]),
+                "recorded_at": _iso(r["recorded_at"]),
+                "winner": bool(w and w["choice_hash"] == r["choice_hash"]),
+            }
+            data.timings.append(row)
+            per_series.setdefault(wkey, []).append(row)
+        for wkey, rows in per_series.items():
+            ordered = sorted(rows, key=lambda x: (x["timing_ms"], x["choice_hash"]))
+            best = ordered[0]
+            runner = ordered[1] if len(ordered) > 1 else None
+            data.winners.append({
+                "op": best["op"], "shape": best["shape"], "series": best["series"],
+                "winner": best["choice_hash"], "winner_ms": best["timing_ms"],
+                "runner_up": runner["choice_hash"] if runner else None,
+                "runner_up_ms": runner["timing_ms"] if runner else None,
+                "margin_pct": round(100.0 * (runner["timing_ms"] / best["timing_ms"] - 1.0), 2)
+                if runner and best["timing_ms"] > 0 else None,
+                "candidates": len(rows), "group": best["group"],
+            })
+        for r in _rows(s, """
+                SELECT op, inputs, hint_override, precision, choice_hash, timing_ms, recorded_at,
+                       system_hash, device_name, torch_version, cpu_model
+                FROM autotune_history ORDER BY recorded_at, id"""):
+            data.history.append({
+                "group": f"{r['op']}\x00{r['inputs']}\x00{r['hint_override']}",
+                "series": series_label(r["device_name"], r["torch_version"], r["cpu_model"], r["system_hash"],
+                                       r["precision"]),
+                "choice_hash": r["choice_hash"], "timing_ms": float(r["timing_ms"]),
+                "recorded_at": _iso(r["recorded_at"]),
+            })
+        for r in _rows(s, """
+                SELECT b.key, b.num_warps, b.num_stages, b.found_by_coordesc, b.time_taken_ms, b.kernel_kwargs,
+                       b.configs_hash, b.triton_cache_hash, b.created_at, b.updated_at,
+                       f.system_hash, f.device_name, f.torch_version, f.cpu_model
+                FROM best_configs b LEFT JOIN system_fingerprints f ON f.id = b.fingerprint_id
+                ORDER BY b.updated_at DESC, b.key"""):
+            data.best_configs.append({
+                "kernel": r["key"].rsplit("/", 1)[-1].removesuffix(".best_config"), "key": r["key"],
+                "config": r["kernel_kwargs"] or "", "num_warps": r["num_warps"], "num_stages": r["num_stages"],
+                "found_by": None if r["found_by_coordesc"] is None
+                else ("coordinate descent" if r["found_by_coordesc"] else "autotune"),
+                "time_taken_ms": r["time_taken_ms"],
+                "fingerprint": series_label(r["device_name"], r["torch_version"], r["cpu_model"], r["system_hash"])
+                if r["system_hash"] else "-",
+                "created_at": _iso(r["created_at"]), "updated_at": _iso(r["updated_at"]),
+                "rewritten": _iso(r["updated_at"]) != _iso(r["created_at"]),
+            })
+        data.contents = collect_stats(s)
+        for r in _rows(s, """
+                SELECT kind, host_key, key, files, size_bytes, stored_bytes, shared_files, hit_count,
+                       created_at, last_used_at
+                FROM kernels ORDER BY stored_bytes DESC, key"""):
+            data.kernels.append({
+                "kind": r["kind"], "key": r["key"], "host_key": r["host_key"] or "",
+                "files": int(r["files"] or 0), "bytes": int(r["size_bytes"] or 0),
+                "stored_bytes": int(r["stored_bytes"] or 0), "shared_files": int(r["shared_files"] or 0),
+                "hits": int(r["hit_count"] or 0), "created_at": _iso(r["created_at"]),
+                "last_used_at": _iso(r["last_used_at"]),
+            })
+        for r in _rows(s, """
+                SELECT kind, key, variant, hit_count, size_bytes, created_at, last_used_at
+                FROM guarded_entries ORDER BY last_used_at, id"""):
+            data.hits.append({"kind": r["kind"], "key": r["key"], "variant": r["variant"],
+                              "hits": int(r["hit_count"] or 0), "bytes": int(r["size_bytes"] or 0),
+                              "created_at": _iso(r["created_at"]), "last_used_at": _iso(r["last_used_at"])})
+        for k in data.kernels:
+            data.hits.append({"kind": f"{k['kind']}_kernel", "key": k["key"], "variant": "",
+                              "hits": k["hits"], "bytes": k["bytes"], "created_at": k["created_at"],
+                              "last_used_at": k["last_used_at"]})
+        data.hits.sort(key=lambda h: (h["last_used_at"] or "", h["kind"], h["key"]))
+    return data
+
+
+# --------------------------------------------------------------------------- charts (Plotly figure specs)
+
+_FONT = {"family": "system-ui, -apple-system, Segoe UI, Roboto, sans-serif", "size": 12}
+
+
+def _layout(title: str, **extra: Any) -> dict[str, Any]:
+    layout: dict[str, Any] = {"title": {"text": title, "font": {"size": 14}, "x": 0.01, "xanchor": "left"},
+                              "font": _FONT, "margin": {"l": 60, "r": 20, "t": 80, "b": 50}, "height": 380,
+                              "legend": {"orientation": "h", "x": 0, "y": 1.0, "yanchor": "bottom",
+                                         "font": {"size": 11}},
+                              "paper_bgcolor": "white", "plot_bgcolor": "#f7f7f9"}
+    layout.update(extra)
+    return layout
+
+
+def short_choice(choice: str, width: int = 48) -> str:
+    """A choice hash cut to ``width`` characters (head and tail kept: tails tell hashes apart)."""
+    return choice if len(choice) <= width else f"{choice[:width - 13]}…{choice[-12:]}"
+
+
+def group_chart(data: ReportData, group: str, title: str) -> dict[str, Any]:
+    """Horizontal bars: every choice's current timing (ms), one trace per series, the winner
+    of each series marked ★ and outlined."""
+    rows = [r for r in data.timings if r["group"] == group]
+    best = sorted({r["choice_hash"]: min(x["timing_ms"] for x in rows if x["choice_hash"] == r["choice_hash"])
+                   for r in rows}.items(), key=lambda kv: kv[1])
+    keep = [c for c, _ in best[:MAX_CHOICES_PER_CHART]]
+    traces = []
+    for series in dict.fromkeys(r["series"] for r in rows):
+        mine = {r["choice_hash"]: r for r in rows if r["series"] == series}
+        chosen = [c for c in keep if c in mine]
+        traces.append({
+            "type": "bar", "orientation": "h", "name": series,
+            "y": [short_choice(c) for c in chosen], "x": [mine[c]["timing_ms"] for c in chosen],
+            "text": [f"{mine[c]['timing_ms']:.4g} ms" + (" ★" if mine[c]["winner"] else "") for c in chosen],
+            "textposition": "auto", "hovertext": chosen,
+            "hovertemplate": "%{hovertext}<br>%{x:.4g} ms<extra>%{fullData.name}</extra>",
+            "marker": {"line": {"width": [2.5 if mine[c]["winner"] else 0 for c in chosen], "color": "#111"}},
+        })
+    more = len(best) - len(keep)
+    subtitle = f" (fastest {len(keep)} of {len(best)} choices)" if more > 0 else ""
+    height = max(240, 110 + 24 * len(keep) * max(1, min(len(traces), 3)))
+    return {"data": traces, "layout": _layout(title + subtitle, height=height, barmode="group",
+                                              xaxis={"title": {"text": "time (ms), lower is better"}},
+                                              yaxis={"autorange": "reversed", "automargin": True})}
+
+
+def history_chart(data: ReportData, group: str, title: str) -> dict[str, Any] | None:
+    """Every benchmark of the group over time (ms), one trace per series; ``None`` when the
+    history holds nothing beyond the current timings of one series."""
+    rows = [r for r in data.history if r["group"] == group]
+    series = list(dict.fromkeys(r["series"] for r in rows))
+    current = sum(1 for r in data.timings if r["group"] == group)
+    if len(series) < 2 and len(rows) <= current:
+        return None
+    traces = []
+    for sname in series:
+        mine = [r for r in rows if r["series"] == sname]
+        traces.append({"type": "scatter", "mode": "markers", "name": sname,
+                       "x": [r["recorded_at"] for r in mine], "y": [r["timing_ms"] for r in mine],
+                       "hovertext": [r["choice_hash"] for r in mine],
+                       "hovertemplate": "%{hovertext}<br>%{y:.4g} ms at %{x}<extra>%{fullData.name}</extra>",
+                       "marker": {"size": 9, "opacity": 0.8}})
+    return {"data": traces, "layout": _layout(title, height=320, xaxis={"title": {"text": "recorded at (UTC)"}},
+                                              yaxis={"title": {"text": "time (ms)"}, "type": "log"})}
+
+
+def contents_chart(data: ReportData) -> dict[str, Any]:
+    """Stored bytes per kind, stacked by fingerprint."""
+    kinds = list(dict.fromkeys(r["kind"] for r in data.contents))
+    traces = []
+    for fp in dict.fromkeys(r["fingerprint"] for r in data.contents):
+        by_kind = {r["kind"]: r for r in data.contents if r["fingerprint"] == fp}
+        traces.append({"type": "bar", "name": fp, "x": kinds,
+                       "y": [by_kind[k]["stored_bytes"] if k in by_kind else 0 for k in kinds],
+                       "customdata": [by_kind[k]["entries"] if k in by_kind else 0 for k in kinds],
+                       "hovertemplate": "%{x}: %{y:,} stored bytes, %{customdata} entries<extra>%{fullData.name}</extra>"})
+    return {"data": traces, "layout": _layout("Stored bytes by kind and fingerprint", barmode="stack",
+                                              yaxis={"title": {"text": "stored bytes"}})}
+
+
+def kernels_chart(data: ReportData, top: int = 30) -> dict[str, Any]:
+    """Bytes and stored bytes of the largest kernels."""
+    rows = data.kernels[:top]
+    labels = [f"{r['kind']} {r['key'][:12]}…" for r in rows]
+    return {"data": [
+        {"type": "bar", "name": "bytes", "x": labels, "y": [r["bytes"] for r in rows],
+         "hovertext": [r["key"] for r in rows]},
+        {"type": "bar", "name": "stored bytes", "x": labels, "y": [r["stored_bytes"] for r in rows],
+         "hovertext": [r["key"] for r in rows]},
+    ], "layout": _layout(f"Kernels: bytes and stored bytes (largest {len(rows)})", barmode="group",
+                         yaxis={"title": {"text": "bytes"}}, xaxis={"tickangle": -40, "automargin": True})}
+
+
+def hits_chart(data: ReportData) -> dict[str, Any]:
+    """Each entry's hits against its last use, one trace per kind."""
+    traces = []
+    for kind in dict.fromkeys(h["kind"] for h in data.hits):
+        mine = [h for h in data.hits if h["kind"] == kind]
+        traces.append({"type": "scatter", "mode": "markers", "name": kind,
+                       "x": [h["last_used_at"] for h in mine], "y": [h["hits"] for h in mine],
+                       "hovertext": [h["key"] for h in mine],
+                       "hovertemplate": "%{hovertext}<br>%{y} hits, last used %{x}<extra>%{fullData.name}</extra>",
+                       "marker": {"size": 9, "opacity": 0.75}})
+    return {"data": traces, "layout": _layout("Hits by last use", xaxis={"title": {"text": "last used (UTC)"}},
+                                              yaxis={"title": {"text": "hits"}, "rangemode": "tozero"})}
+
+
+def best_configs_chart(data: ReportData) -> dict[str, Any]:
+    """Tuning time (ms) of each best config, by kernel."""
+    rows = [b for b in data.best_configs if b["time_taken_ms"] is not None][:40]
+    trace: dict[str, Any] = {
+        "type": "bar", "name": "time taken", "x": [b["kernel"][:14] + "…" for b in rows],
+        "y": [b["time_taken_ms"] for b in rows], "text": [b["config"] for b in rows], "textposition": "auto",
+        "hovertext": [f"{b['key']}<br>{b['config']} warps={b['num_warps']} stages={b['num_stages']}" for b in rows],
+        "hovertemplate": "%{hovertext}<br>%{y} ms<extra></extra>",
+    }
+    if len(rows) < 4:
+        trace["width"] = 0.4
+    return {"data": [trace],
+            "layout": _layout("Best configs: tuning time per kernel", yaxis={"title": {"text": "time taken (ms)"}},
+                              xaxis={"tickangle": -40, "automargin": True})}
+
+
+# --------------------------------------------------------------------------- HTML
+
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0;color:#1d1d1f;background:#fff}
+header{background:#24292f;color:#fff;padding:14px 24px}header h1{margin:0;font-size:20px}
+header p{margin:4px 0 0;font-size:13px;color:#c9d1d9}
+nav{padding:8px 24px;border-bottom:1px solid #ddd;font-size:14px}nav a{margin-right:16px}
+main{padding:8px 24px 40px}section{margin-top:18px}h2{font-size:18px;border-bottom:2px solid #eee;padding-bottom:4px}
+h3{font-size:15px;margin:18px 0 4px}.muted{color:#666;font-size:13px}
+.cards{display:flex;gap:12px;flex-wrap:wrap}.card{border:1px solid #ddd;border-radius:6px;padding:8px 14px}
+.card b{display:block;font-size:20px}.chart{width:100%;min-height:200px}
+.grid{display:grid;grid-template-columns:repeat(auto-fit,minmax(560px,1fr));gap:12px}
+table{border-collapse:collapse;font-size:12px;margin:6px 0 12px}th,td{border:1px solid #ddd;padding:3px 6px;text-align:left}
+th{background:#f3f4f6}td.n{text-align:right;font-variant-numeric:tabular-nums}tr.win td{background:#eaf7ea}
+code{font-size:11px}details{margin:4px 0}
+"""
+
+_DRAW = """
+(function () {
+  var specs = JSON.parse(document.getElementById('cachedb-charts').textContent);
+  var config = {responsive: true, displaylogo: false};
+  var jobs = specs.map(function (s) {
+    return Plotly.newPlot(s.id, s.figure.data, s.figure.layout, config);
+  });
+  Promise.all(jobs).then(function () {
+    document.body.setAttribute('data-charts-drawn', String(jobs.length));
+  }, function (e) {
+    document.body.setAttribute('data-charts-error', String(e));
+  });
+})();
+"""
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def _table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str], *, numeric: Iterable[str] = (),
+           highlight: str | None = None, limit: int | None = None) -> str:
+    if not rows:
+        return '<p class="muted">nothing stored</p>'
+    numeric = set(numeric)
+    shown = rows[:limit] if limit else rows
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    body = []
+    for r in shown:
+        cls = ' class="win"' if highlight and r.get(highlight) else ""
+        cells = "".join(f'<td{" class=n" if c in numeric else ""}>{html.escape(_fmt(r.get(c)))}</td>' for c in columns)
+        body.append(f"<tr{cls}>{cells}</tr>")
+    note = f'<p class="muted">{len(rows) - len(shown)} more rows not shown</p>' if len(shown) < len(rows) else ""
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>{note}"
+
+
+def _plotly_js() -> str:
+    try:
+        from plotly.offline import get_plotlyjs
+    except ImportError as exc:
+        raise ReportError("the HTML report needs Plotly: pip install 'cachedb[report]' "
+                          "(or use --format text)") from exc
+    return get_plotlyjs()
+
+
+def _script_json(value: Any) -> str:
+    """JSON safe inside ``<script type="application/json">`` (no ``</`` can close it)."""
+    return json.dumps(value, separators=(",", ":")).replace("</", "<\\/").replace("<!--", "<\\!--")
+
+
+def render_html(data: ReportData, *, max_groups: int = DEFAULT_MAX_GROUPS, plotly_js: str | None = None) -> str:
+    """The report as one self-contained HTML document (Plotly's JavaScript inlined, no URL
+    fetched). ``max_groups`` bounds the op/shape charts; the tables hold every row."""
+    charts: list[dict[str, Any]] = []
+
+    def chart(figure: dict[str, Any], css: str = "chart") -> str:
+        cid = f"chart-{len(charts)}"
+        charts.append({"id": cid, "figure": figure})
+        return f'<div id="{cid}" class="{css}"></div>'
+
+    e = html.escape
+    n_kernels = len(data.kernels)
+    total_stored = sum(r["stored_bytes"] for r in data.contents)
+    cards = [("op/shape groups", len(data.groups())), ("benchmarks", len(data.history)),
+             ("best configs", len(data.best_configs)), ("kernels", n_kernels),
+             ("cached entries", sum(1 for h in data.hits if not h["kind"].endswith("_kernel"))),
+             ("hits", sum(h["hits"] for h in data.hits)), ("stored bytes", total_stored)]
+    parts = [
+        "<!DOCTYPE html><html lang=en><head><meta charset=utf-8>",
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f"<title>cachedb report: {e(data.where)}</title><style>{_CSS}</style>",
+        f"<script>{plotly_js if plotly_js is not None else _plotly_js()}</script></head><body>",
+        f"<header><h1>cachedb report</h1><p>{e(data.where)} · schema {e(str(data.revision))} · "
+        f"generated {e(data.generated_at)} UTC</p></header>",
+        '<nav><a href="#autotune">Autotuning</a><a href="#best-configs">Best configs</a>'
+        '<a href="#contents">Contents</a><a href="#kernels">Kernels</a><a href="#hits">Hits</a></nav><main>',
+        '<div class="cards">' + "".join(f"<div class=card><b>{_fmt(v)}</b>{e(k)}</div>" for k, v in cards) + "</div>",
+        '<section id="autotune"><h2>Autotuning: choices and winners per op and input shape</h2>',
+        '<p class="muted">Current timing of every choice (its latest benchmark), in milliseconds; '
+        "★ and a dark outline mark the winner of each series (precision × GPU/CPU × torch version). "
+        "Margin: how much slower the runner-up is.</p>",
+        _table([dict(w, winner=short_choice(w["winner"]),
+                     runner_up=short_choice(w["runner_up"]) if w["runner_up"] else None) for w in data.winners],
+               ("op", "shape", "series", "winner", "winner_ms", "runner_up", "runner_up_ms",
+                              "margin_pct", "candidates"),
+               numeric=("winner_ms", "runner_up_ms", "margin_pct", "candidates")),
+    ]
+    groups = data.groups()
+    for op, shape, group in groups[:max_groups]:
+        title = f"{op} · {shape}"
+        parts.append(f"<h3>{e(title)}</h3><div class=grid>")
+        parts.append(chart(group_chart(data, group, "Current timings (ms)")))
+        hist = history_chart(data, group, "Benchmarks over time (ms)")
+        if hist is not None:
+            parts.append(chart(hist))
+        parts.append("</div>")
+        rows = [r for r in data.timings if r["group"] == group]
+        parts.append(f"<details><summary>{len(rows)} timings</summary>"
+                     + _table(rows, ("series", "choice_hash", "timing_ms", "recorded_at", "winner"),
+                              numeric=("timing_ms",), highlight="winner") + "</details>")
+    if len(groups) > max_groups:
+        parts.append(f'<p class="muted">{len(groups) - max_groups} more op/shape groups: in the table above '
+                     "and in <code>cachedb report --format text</code>.</p>")
+    if not groups:
+        parts.append('<p class="muted">no autotune timings stored</p>')
+    parts.append("</section>")
+
+    parts.append('<section id="best-configs"><h2>Best configs per kernel</h2>'
+                 '<p class="muted">The config Inductor keeps per Triton kernel, how it was found, the tuning '
+                 "time (ms), and when it was first written and last rewritten.</p>")
+    if any(b["time_taken_ms"] is not None for b in data.best_configs):
+        parts.append(chart(best_configs_chart(data)))
+    parts.append(_table(data.best_configs, ("kernel", "config", "num_warps", "num_stages", "found_by",
+                                            "time_taken_ms", "fingerprint", "created_at", "updated_at",
+                                            "rewritten"),
+                        numeric=("num_warps", "num_stages", "time_taken_ms")) + "</section>")
+
+    parts.append('<section id="contents"><h2>Cache contents by kind and fingerprint</h2>'
+                 '<p class="muted">bytes: uncompressed payloads; stored bytes: what the database holds '
+                 "(zstd frames, kernel blobs stored once).</p>")
+    if data.contents:
+        parts.append(chart(contents_chart(data)))
+    parts.append(_table(data.contents, ("kind", "fingerprint", "entries", "bytes", "stored_bytes"),
+                        numeric=("entries", "bytes", "stored_bytes")) + "</section>")
+
+    parts.append('<section id="kernels"><h2>Kernels</h2>'
+                 '<p class="muted">One row per kernel key (Triton cache directory or C++ library): files, '
+                 "bytes, stored bytes, files sharing a blob with another key, hits.</p>")
+    if data.kernels:
+        parts.append(chart(kernels_chart(data)))
+    parts.append(_table(data.kernels, ("kind", "key", "files", "bytes", "stored_bytes", "shared_files", "hits",
+                                       "created_at", "last_used_at"),
+                        numeric=("files", "bytes", "stored_bytes", "shared_files", "hits"),
+                        limit=MAX_TABLE_ROWS) + "</section>")
+
+    parts.append('<section id="hits"><h2>Hits over time</h2>'
+                 '<p class="muted">Served hits of FX graph / AOTAutograd entries and kernels (counted by the '
+                 "live backend) against their last use.</p>")
+    if data.hits:
+        parts.append(chart(hits_chart(data)))
+    top = sorted(data.hits, key=lambda h: (-h["hits"], h["kind"], h["key"]))
+    parts.append(_table(top, ("kind", "key", "variant", "hits", "bytes", "created_at", "last_used_at"),
+                        numeric=("hits", "bytes"), limit=MAX_TABLE_ROWS) + "</section>")
+
+    parts.append("</main>")
+    parts.append(f'<script type="application/json" id="cachedb-charts">{_script_json(charts)}</script>')
+    parts.append(f"<script>{_DRAW}</script></body></html>")
+    return "\n".join(parts)
+
+
+def write_html(db: CacheDB, out: str | Path, *, max_groups: int = DEFAULT_MAX_GROUPS) -> Path:
+    """Write the HTML report of ``db`` to ``out`` (atomically) and return its path."""
+    from ..store.files import write_atomic
+
+    document = render_html(collect(db), max_groups=max_groups)
+    target = Path(out).expanduser().resolve()
+    try:
+        write_atomic(target, document.encode("utf-8"), mode=0o644)
+    except OSError as exc:
+        raise ReportError(f"{out}: cannot write the report: {exc.strerror or exc}") from exc
+    return target
+
+
+# --------------------------------------------------------------------------- text
+
+
+def render_text(data: ReportData, console: Any = None) -> None:
+    """Print the report's tables in a terminal (rich): the same rows as the HTML."""
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    console = console or Console()
+
+    def table(title: str, rows: Sequence[Mapping[str, Any]], columns: Sequence[str],
+              numeric: Iterable[str] = (), highlight: str | None = None, limit: int | None = None) -> None:
+        numeric = set(numeric)
+        t = Table(title=title, title_justify="left", title_style="bold")
+        for c in columns:
+            t.add_column(c, justify="right" if c in numeric else "left", overflow="fold")
+        shown = rows[:limit] if limit else rows
+        for r in shown:
+            style = "bold green" if highlight and r.get(highlight) else None
+            t.add_row(*(Text(_fmt(r.get(c))) for c in columns), style=style)
+        if not rows:
+            console.print(Text(f"{title}: nothing stored", style="dim"))
+            return
+        console.print(t)
+        if len(shown) < len(rows):
+            console.print(Text(f"{len(rows) - len(shown)} more rows not shown", style="dim"))
+
+    console.print(Text(f"cachedb report: {data.where} (schema {data.revision}, {data.generated_at} UTC)",
+                       style="bold"))
+    winners = [dict(w, winner=short_choice(w["winner"], 40),
+                    runner_up=short_choice(w["runner_up"], 40) if w["runner_up"] else None) for w in data.winners]
+    table("Autotune winners per op and input shape (ms)", winners,
+          ("op", "shape", "series", "winner", "winner_ms", "runner_up", "runner_up_ms", "margin_pct", "candidates"),
+          numeric=("winner_ms", "runner_up_ms", "margin_pct", "candidates"))
+    for op, shape, group in data.groups():
+        rows = [dict(r, choice=short_choice(r["choice_hash"], 60)) for r in data.timings if r["group"] == group]
+        table(f"{op} · {shape}: current timings (ms; winners in green)", rows,
+              ("series", "choice", "timing_ms", "recorded_at", "winner"), numeric=("timing_ms",), highlight="winner")
+    table("Best configs per kernel", data.best_configs,
+          ("kernel", "config", "num_warps", "num_stages", "found_by", "time_taken_ms", "fingerprint", "created_at",
+           "updated_at"), numeric=("num_warps", "num_stages", "time_taken_ms"))
+    table("Cache contents by kind and fingerprint", data.contents,
+          ("kind", "fingerprint", "entries", "bytes", "stored_bytes"), numeric=("entries", "bytes", "stored_bytes"))
+    table("Kernels", data.kernels, ("kind", "key", "files", "bytes", "stored_bytes", "hits", "last_used_at"),
+          numeric=("files", "bytes", "stored_bytes", "hits"), limit=MAX_TABLE_ROWS)
+    top = sorted(data.hits, key=lambda h: (-h["hits"], h["kind"], h["key"]))
+    table("Hits (most used first)", top, ("kind", "key", "hits", "bytes", "last_used_at"),
+          numeric=("hits", "bytes"), limit=MAX_TABLE_ROWS)

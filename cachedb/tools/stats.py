@@ -1,0 +1,84 @@
+"""Counts and bytes per cache kind and fingerprint (``cachedb stats``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from ..repositories.artifacts import KernelArtifactRepository
+from ..store.models import (
+    AUTOTUNE_TIMINGS,
+    BestConfig,
+    CutlassOp,
+    CutlassOpList,
+    GuardedEntry,
+    LocalCacheValue,
+    SystemFingerprint,
+)
+
+COLUMNS = ("kind", "fingerprint", "entries", "bytes", "stored_bytes")
+
+
+def _label(session: Session) -> dict[int | None, str]:
+    labels: dict[int | None, str] = {None: "-"}
+    for fp in session.execute(select(SystemFingerprint)).scalars():
+        parts = [f"#{fp.id} {fp.system_hash[:8]}"]
+        parts += [p for p in (fp.device_name, fp.torch_version, fp.cpu_model) if p]
+        labels[fp.id] = " ".join(parts)
+    return labels
+
+
+def collect(session: Session) -> list[dict[str, Any]]:
+    """Rows of ``kind, fingerprint, entries, bytes, stored_bytes``: ``bytes`` is the
+    uncompressed size of payloads (or of the JSON for timings, values and configs) and
+    ``stored_bytes`` what the database holds for them (compressed payloads). Kernel rows
+    (``triton_kernel``, ``cpp_kernel``) count key directories; their ``bytes`` are the files'
+    sizes and ``stored_bytes`` the compressed distinct blobs they use."""
+    labels = _label(session)
+    rows: list[dict[str, Any]] = []
+
+    def add(kind: str, fp: int | None, n: int, raw: int | None, stored: int | None) -> None:
+        rows.append(
+            {"kind": kind, "fingerprint": labels.get(fp, f"#{fp}"), "entries": int(n),
+             "bytes": int(raw or 0), "stored_bytes": int(stored or 0)}
+        )
+
+    g = GuardedEntry
+    for kind, fp, n, raw, stored in session.execute(
+        select(g.kind, g.fingerprint_id, func.count(), func.sum(g.size_bytes), func.sum(func.length(g.payload)))
+        .group_by(g.kind, g.fingerprint_id)
+        .order_by(g.kind, g.fingerprint_id)
+    ):
+        add(kind, fp, n, raw, stored)
+    t = AUTOTUNE_TIMINGS.c  # the flat view
+    for fp, n in session.execute(
+        select(t.fingerprint_id, func.count()).group_by(t.fingerprint_id).order_by(t.fingerprint_id)
+    ):
+        add("autotune_timings", fp, n, None, None)
+    v = LocalCacheValue
+    for fp, n, raw in session.execute(
+        select(v.fingerprint_id, func.count(), func.sum(func.length(v.value_json)))
+        .group_by(v.fingerprint_id)
+        .order_by(v.fingerprint_id)
+    ):
+        add("local_cache_values", fp, n, raw, raw)
+    b = BestConfig
+    for fp, n, raw in session.execute(
+        select(b.fingerprint_id, func.count(), func.sum(func.length(b.content))).group_by(b.fingerprint_id)
+    ):
+        add("best_config", fp, n, raw, raw)
+    c = CutlassOpList
+    for n, raw, stored in session.execute(
+        select(func.count(), func.sum(c.size_bytes), func.sum(func.length(c.payload))).having(func.count() > 0)
+    ):
+        add("cutlass_op_list", None, n, raw, stored)
+    n_ops = session.execute(select(func.count()).select_from(CutlassOp)).scalar_one()
+    if n_ops:
+        add("cutlass_op", None, n_ops, None, None)
+    # Kernel artifacts: entries = key directories; stored_bytes = their distinct blobs (a blob
+    # shared by both kinds counts in each).
+    for row in KernelArtifactRepository(session).totals():
+        add(f"{row['kind']}_kernel", None, row["keys"], row["size_bytes"], row["stored_bytes"])
+    return rows
