@@ -1,8 +1,10 @@
-"""``python -m benchmarks [--quick] [--only NAME,...] [--out DIR] [--keep-scratch]``.
+"""``python -m benchmarks [--quick] [--only NAME,...] [--device cpu|cuda] [--out DIR] [--keep-scratch]``.
 
 Runs the selected sections in one process (warm starts and concurrency use subprocesses),
-prints the Markdown table of ratios and writes ``latest.json`` / ``latest.md`` to ``--out``
-(default ``benchmarks/results/``).
+prints the Markdown table of ratios and writes it with the JSON document to ``--out``
+(default ``benchmarks/results/``): ``cpu.md`` / ``cpu.json`` for a full CPU run, ``gpu.md`` /
+``gpu.json`` for a run with ``--device cuda``, ``cpu-<sections>.md`` / ``.json`` for a CPU
+run of some sections (``-quick`` added for ``--quick``); ``--name`` chooses another stem.
 """
 
 from __future__ import annotations
@@ -33,7 +35,14 @@ from . import (  # noqa: E402
     s9_startup,
 )
 from ._context import Context  # noqa: E402
-from ._report import SectionResult, cachedb_source_digest, machine_info, now_iso, write  # noqa: E402
+from ._report import (  # noqa: E402
+    SectionResult,
+    cachedb_source_digest,
+    machine_info,
+    now_iso,
+    result_name,
+    write,
+)
 
 #: name -> module with NAME, TITLE and run(ctx), in the order sections run (§1 first: §7
 #: reuses its cold cache directory in quick runs).
@@ -60,6 +69,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="smaller sizes, fewer repetitions (CI smoke test)")
     parser.add_argument("--only", default="", help=f"comma-separated sections: {','.join(ORDER)}")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results directory (default: %(default)s)")
+    parser.add_argument("--name", default=None,
+                        help="stem of the files written (default: cpu, gpu, or cpu-<sections> for a partial CPU run)")
     parser.add_argument("--scratch", type=Path, default=None, help="parent of the scratch directory (default: $TMPDIR)")
     parser.add_argument("--keep-scratch", action="store_true", help="do not delete the scratch directory")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
@@ -72,9 +83,9 @@ def _compile_bytecode() -> str:
     """Write the bytecode of cachedb's and the benchmarks' modules (``__pycache__``), as ``pip
     install`` leaves an installed package, and say so for the report. A checkout (an editable
     install) has none until a process writes it, and on machines that set
-    ``PYTHONDONTWRITEBYTECODE=1`` (this VM and the GPU machine) no process does: every child
-    of the run would compile cachedb from source (``import cachedb`` 0.33 s instead of 0.27 s
-    here), a cost no user's install pays, on cachedb's side only."""
+    ``PYTHONDONTWRITEBYTECODE=1`` no process does: every child of the run would compile
+    cachedb from source (``import cachedb`` 0.33 s instead of 0.27 s on a 2-core AMD EPYC VM),
+    a cost no user's install pays, on cachedb's side only."""
     import compileall
 
     import cachedb
@@ -92,14 +103,13 @@ def _installed_bytecode() -> str:
     leaves them, where the installation has none; say which for the report.
 
     The GPU machine's torch comes without ``__pycache__`` and that machine sets
-    ``PYTHONDONTWRITEBYTECODE=1``, so every process of a §1 sample there compiled ~2,200 torch
-    modules from source: ~9 s of a warm start's wall on every side
-    (``results/gpu-h100-bytecode-ab-ea88b7d.txt``), which no ``pip install``ed torch pays.
-    Where torch's own bytecode is missing, the standard library, every ``site-packages`` and
-    ``PYTHONPATH`` directory on ``sys.path`` are compiled (all CPUs) under a pycache prefix in
-    the temporary directory (kept, so a later run on the machine reuses it), and
-    ``PYTHONPYCACHEPREFIX`` sends every child there; nothing installed is written to. Before
-    the fourteenth session (2026-11-27) §1 ran on the GPU without it."""
+    ``PYTHONDONTWRITEBYTECODE=1``, so without this every process of a §1 sample there compiles
+    ~2,200 torch modules from source: ~9 s of a warm start's wall on every side (measured on
+    an H100 host), which no ``pip install``ed torch pays. Where torch's own bytecode is
+    missing, the standard library, every ``site-packages`` and ``PYTHONPATH`` directory on
+    ``sys.path`` are compiled (all CPUs) under a pycache prefix in the temporary directory
+    (kept, so a later run on the machine reuses it), and ``PYTHONPYCACHEPREFIX`` sends every
+    child there; nothing installed is written to."""
     import compileall
     import importlib.util
     import sysconfig
@@ -162,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         "created": now_iso(),
         "quick": args.quick,
         "sections_run": [r.name for r in ordered],
+        "partial": set(names) != set(ORDER),
         "total_seconds": round(time.perf_counter() - t_run, 1),
         "command": "python -m benchmarks " + " ".join(argv if argv is not None else sys.argv[1:]),
         "device": args.device,
@@ -173,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
         # Other processes on the machine skew timings: the 1-minute load average at start/end.
         "load_average_1min": {"start": load_start, "end": _loadavg()},
     }
-    json_path, md_path, md = write(args.out, ordered, meta)
+    stem = args.name or result_name(args.device, [n for n in ORDER if n in names], list(ORDER), args.quick)
+    json_path, md_path, md = write(args.out, ordered, meta, stem)
     print(md)
     print(f"wrote {json_path} and {md_path}", file=sys.stderr)
     return 1 if any(r.error for r in ordered) else 0

@@ -1,6 +1,6 @@
 """GPU workloads of the warm-start benchmark (§1 with ``--device cuda``).
 
-What the fresh-machine issue measured on the H100: a max-autotune MLP in two precisions, a
+A max-autotune MLP in two precisions, a
 transformer block forward+backward with coordinate-descent tuning, and dynamic-shape graphs.
 Sizes are kept small enough that a cold compile takes about a minute. Each workload returns
 ``{"ok": bool}`` (compiled output close to eager).

@@ -98,9 +98,16 @@ def machine_info() -> dict[str, Any]:
         torch_version: str | None = str(torch.__version__)
     except ImportError:
         torch_version = None
+    gpu = None
+    try:
+        if torch_version is not None and torch.cuda.is_available():
+            gpu = torch.cuda.get_device_name(0)
+    except Exception:  # a broken CUDA set-up: the report says no GPU rather than failing
+        gpu = None
     return {
         "cpu": cpu or platform.processor(),
         "cores": os.cpu_count(),
+        "gpu": gpu,
         "python": sys.version.split()[0],
         "torch": torch_version,
         "sqlite": sqlite3.sqlite_version,
@@ -137,13 +144,35 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
+def _run_kind(meta: dict[str, Any]) -> str:
+    """``full run``, ``quick run``, or the sections of a partial run, for the report's title."""
+    kind = "quick run" if meta["quick"] else "full run"
+    if meta.get("partial"):
+        kind = f"{'quick ' if meta['quick'] else ''}run of {', '.join(meta['sections_run'])}"
+    return kind
+
+
+def result_name(device: str, sections: list[str], all_sections: list[str], quick: bool) -> str:
+    """The stem of the files a run writes: ``cpu`` for a full CPU run, ``gpu`` for a run with
+    ``--device cuda`` (§1's GPU workloads), ``cpu-<section>-...`` for a CPU run of some
+    sections, with ``-quick`` added for a quick run, so that a partial or quick run never
+    overwrites the full run's figures."""
+    if device == "cuda":
+        stem = "gpu"
+    elif list(sections) == list(all_sections):
+        stem = "cpu"
+    else:
+        stem = "-".join(["cpu", *sections])
+    return f"{stem}-quick" if quick else stem
+
+
 def markdown(results: list[SectionResult], meta: dict[str, Any]) -> str:
     """The Markdown report: one table of every row, then each section's notes."""
     m = meta["machine"]
     lines = [
-        f"# cachedb benchmarks ({'quick' if meta['quick'] else 'full'} run, {meta['created']})",
+        f"# cachedb benchmarks ({_run_kind(meta)}, {meta['created']})",
         "",
-        f"{m['cpu']}, {m['cores']} cores; Python {m['python']}, torch {m['torch']}, "
+        f"{m['cpu']}, {m['cores']} cores{'; ' + m['gpu'] if m.get('gpu') else ''}; Python {m['python']}, torch {m['torch']}, "
         f"SQLite {m['sqlite']}; cachedb sources {meta.get('cachedb_source_sha256')}"
         f"{' (CHANGED during the run)' if meta.get('cachedb_source_changed_during_run') else ''}"
         f"{'; bytecode ' + meta['bytecode'] if meta.get('bytecode') else ''}"
@@ -201,13 +230,13 @@ def document(results: list[SectionResult], meta: dict[str, Any]) -> dict[str, An
     }
 
 
-def write(out_dir: Path, results: list[SectionResult], meta: dict[str, Any]) -> tuple[Path, Path, str]:
-    """Write ``latest.json`` and ``latest.md`` under ``out_dir``; returns both paths and the
-    Markdown text."""
+def write(out_dir: Path, results: list[SectionResult], meta: dict[str, Any], name: str = "cpu") -> tuple[Path, Path, str]:
+    """Write ``<name>.json`` and ``<name>.md`` under ``out_dir`` (see :func:`result_name`);
+    returns both paths and the Markdown text."""
     out_dir.mkdir(parents=True, exist_ok=True)
     md = markdown(results, meta)
-    json_path = out_dir / "latest.json"
-    md_path = out_dir / "latest.md"
+    json_path = out_dir / f"{name}.json"
+    md_path = out_dir / f"{name}.md"
     json_path.write_text(json.dumps(document(results, meta), indent=1, sort_keys=False) + "\n")
     md_path.write_text(md)
     return json_path, md_path, md

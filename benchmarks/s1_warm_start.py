@@ -250,7 +250,7 @@ def run(ctx: Context) -> SectionResult:
         res.rows.append(Row(f"{db_case}, fresh dir: process wall vs warm local files", wall[db_case],
                             wall["warm local"], "warm local dir"))
     if gpu:
-        # Issue 10: runtime re-tuning on a warm start. ``runtime_*``: the benchmarks the process
+        # Runtime re-tuning on a warm start. ``runtime_*``: the benchmarks the process
         # really ran while tuning (benchmarks/_warm_child.py); Inductor's own counters also hold
         # what an FX graph cache hit replays of the cold compile's (counter_deltas).
         def counter(case: str, name: str) -> Any:

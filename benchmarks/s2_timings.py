@@ -17,7 +17,7 @@ cachedb (live): the very same ``PersistentCache.lookup`` calls as the baseline, 
 ``cachedb.installed(db)``, i.e. what ``torch.compile`` pays with the live backend.
 
 Every (op, inputs) pair has 10 choices; the pairs are spread over 4 ops. Units: ms per call.
-"Flat in N" (issue 11) is judged on the live record: its median at 100k stored timings within
+"Flat in N" is judged on the live record: its median at 100k stored timings within
 2x of its median at 1k. The repository records are interleaved with the baseline's, which
 rewrite the whole JSON document each; the notes also give them back to back.
 """

@@ -13,7 +13,7 @@ cachedb (live): the same ``LocalAutotuneCache`` calls inside ``cachedb.installed
 (``backend_override_cls`` serves them from the database; gets from the process's copy of
 every best config once it is loaded, checked per get against the database's wal-index header,
 which stands in for ``PRAGMA data_version``: cachedb/store/wal_index.py),
-interleaved with the others. Its targets are issue 11's: get ≤ 0.5x, put ≤ 1.0x of the files.
+interleaved with the others. Its targets: get ≤ 0.5x, put ≤ 1.0x of the files.
 
 Strawman: :class:`benchmarks.naive_sqlite.NaiveSQLiteStore` (a connection per call, default
 rollback journal, fsync per commit) with the same JSON text.

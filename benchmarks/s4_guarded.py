@@ -16,7 +16,7 @@ it is in a zstd frame, from 1 MiB zstd at level 1 by zstd workers, or all at
 cachedb (live): the same two ``FxGraphCache`` calls inside ``cachedb.installed(db)``, in
 blocks that alternate with the others' (each live block installs cachedb, opens its database
 and writes one small entry, untimed, before its calls: the seams replace the file methods, so
-the two cannot run in one block); their targets are issue 11's: put ≤ 2.0x, get ≤ 1.0x of the files.
+the two cannot run in one block); their targets: put ≤ 2.0x, get ≤ 1.0x of the files.
 A live put queues the entry for the write-behind thread (cachedb/live/_writer.py) and returns:
 its row is what the compiling thread waits for. The "written" row beside it adds the drain of
 the queue after each block's last put (the writer thread's work: hash, guards read, frame,
@@ -74,7 +74,7 @@ ABSENT_KEY = "f" + "0" * 51
 
 
 def _targeted(case: str, live: list[float], files: list[float], baseline_name: str, limit: float) -> Row:
-    """A row of live against files in ms with issue 11's target ``ratio ≤ limit``, met or not."""
+    """A row of live against files in ms with its target ``ratio ≤ limit``, met or not."""
     row = Row(case, seconds_to("ms", live), seconds_to("ms", files), baseline_name, target=f"ratio ≤ {limit}")
     row.met = row.ratio is not None and row.ratio <= limit
     return row
@@ -285,7 +285,7 @@ def _real_case(ctx: Context, res: SectionResult) -> None:
     sizes = sorted(len(content) for _k, _key, content in entries)
     label = f"real entries ({n_fx} FX graph + {len(entries) - n_fx} AOTAutograd variants)"
     ms = "ms"
-    for op, limit in (("put", 2.0), ("get", 1.0)):  # issue 11's targets, as for the synthetic rows
+    for op, limit in (("put", 2.0), ("get", 1.0)):  # the targets of the synthetic rows
         res.rows.append(_targeted(f"{op} {label} (live)", times["live"][op], times["files"][op],
                                   "FxGraphCache / AOTAutogradCache files", limit))
     if first is not None:

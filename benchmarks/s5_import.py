@@ -11,10 +11,8 @@ the same import with ``workers=0`` (everything in one process), in
 alternation, each in a fresh interpreter that imports cachedb and not torch
 (:mod:`benchmarks._import_child`), as the ``cachedb import`` command runs. One more import per
 repetition runs in the benchmark's own process, for comparison: it holds torch and what §1–§4
-left on its heap, and the import forks its workers from it. In the full run of 2026-11-26
-(fourth session) the two were alike (16,557 and 17,051 entries/s); in the one before, where §4's
-at-scale case still ran in the benchmark's process, the import there took 0.91 s against 0.54 s
-with §5 alone. Reference ("baseline"): the I/O floor — ``os.walk`` plus reading every file's
+left on its heap, and the import forks its workers from it (§4's at-scale case runs in a
+process of its own, so that its ~1 GB of heap does not slow this one). Reference ("baseline"): the I/O floor — ``os.walk`` plus reading every file's
 bytes — so the ratio is the importer's cost over just reading the directory. All run on a warm
 page cache. A cProfile of one more in-process import says where the time goes (grouped by
 module). Units: s per import; entries/s.

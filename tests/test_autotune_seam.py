@@ -1,4 +1,4 @@
-"""The re-tuning seam (issue 10): installed by default, left out with retune=True or
+"""The re-tuning seam: installed by default, left out with retune=True or
 CACHEDB_RETUNE=1, restored on uninstall. Its effect (no runtime coordinate descent for stored
 winners) needs a GPU: benchmarks/s1_warm_start.py --device cuda measures it."""
 

@@ -34,7 +34,9 @@ def test_quick_benchmark_writes_results(tmp_path: Path) -> None:
     assert proc.returncode == 0, f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-5000:]}"
     assert "| § | case |" in proc.stdout  # the Markdown table is printed
 
-    doc = json.loads((out / "latest.json").read_text())
+    # A quick run of some sections never overwrites the full run's cpu.md / cpu.json.
+    assert sorted(p.name for p in out.iterdir()) == ["cpu-best_configs-disk-quick.json", "cpu-best_configs-disk-quick.md"]
+    doc = json.loads((out / "cpu-best_configs-disk-quick.json").read_text())
     assert doc["schema"] == 1
     assert doc["quick"] is True
     for key in ("created", "machine", "sections", "sections_run", "total_seconds", "command"):
@@ -53,7 +55,7 @@ def test_quick_benchmark_writes_results(tmp_path: Path) -> None:
                 assert row["ratio"] is not None and row["ratio"] > 0
                 assert set(row["baseline"]) >= {"n", "median", "p10", "p90", "q1", "q3"}
 
-    md = (out / "latest.md").read_text()
+    md = (out / "cpu-best_configs-disk-quick.md").read_text()
     assert md.startswith("# cachedb benchmarks")
     assert "best_configs" in md and "disk" in md
     # Nothing was left in the scratch area: the run removes its own scratch directory.

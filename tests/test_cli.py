@@ -109,7 +109,7 @@ def test_errors_are_one_clear_line(tmp_path: Path) -> None:
     assert result.exit_code == 1 and "not an Inductor cache" in result.output
 
 
-# --------------------------------------------------------------------------- CLI habits (issue 13)
+# --------------------------------------------------------------------------- CLI habits
 
 import os  # noqa: E402
 import shutil  # noqa: E402

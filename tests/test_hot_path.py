@@ -1,4 +1,4 @@
-"""Hot-path reads (issue 11): the connection kept per process, point lookups of timings,
+"""Hot-path reads: the connection kept per process, point lookups of timings,
 busy waits without 100 ms steps. SQLite files (the live backend's database)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Kernel artifacts (issue 9): Triton's cache and C++ kernel libraries in the database.
+"""Kernel artifacts: Triton's cache and C++ kernel libraries in the database.
 
 Real input throughout: Triton compiles real SM90 cubins on this CPU machine
 (``triton.compile(..., target=GPUTarget("cuda", 90, 32))``) in child processes with cachedb's

@@ -100,7 +100,7 @@ def test_real_entries_match_unpickled_truth(real_cache: tuple[Path, dict]) -> No
     for kind, path in files:
         data = path.read_bytes()
         fields = read_entry_fields(data, where=str(path))
-        truth = pickle.loads(data)  # trusted: torch wrote it a moment ago, in this session
+        truth = pickle.loads(data)  # trusted: torch wrote it a moment ago, in this test
         assert fields.guards_known, (path, fields)
         assert fields.reason is None, (path, fields)
         assert fields.guards_expr == truth.guards_expr, path

@@ -272,7 +272,8 @@ def _worker_writes_many(local: str, remote: str, worker: int, n: int) -> None:
 def test_compile_workers_writing_at_once_to_an_sqlite_remote_lose_nothing(tmp_path: Path) -> None:
     """Six forked workers (each its own local file) send at once to one SQLite file as the
     remote: the remote write takes the write lock at BEGIN (a deferred transaction that reads
-    first got "database is locked" at once on the H100 probe and its entry was lost)."""
+    first gets "database is locked" at once when another writer got in between, and would lose
+    its entry)."""
     remote = str(tmp_path / "remote.db")
     CacheDB(remote).close()
     ctx = multiprocessing.get_context("fork")

@@ -1,4 +1,4 @@
-"""No runtime re-tuning when the database already knows the winner (issue 10).
+"""No runtime re-tuning when the database already knows the winner.
 
 The seam: ``CachingAutotuner.recheck_autotune_cache`` (torch/_inductor/runtime/
 triton_heuristics.py), which Inductor calls when a statically launchable autotuner comes back

@@ -11,8 +11,7 @@ best config by its key and compares the stored ``configs_hash`` itself
 (``AutotuneCache.read_best``, torch/_inductor/runtime/autotune_cache.py), and SQL over the
 tuning history scans a table of at most tens of thousands of rows in milliseconds. Without the
 index a commit writes one page fewer to the WAL: measured on 2 cores, the bare upsert
-transaction 18 -> 13 us, the live put interleaved with file puts 63 -> 57 us (issue 11's
-best-config put). Data-preserving (an index only); the downgrade recreates it.
+transaction 18 -> 13 us, the live put interleaved with file puts 63 -> 57 us. Data-preserving (an index only); the downgrade recreates it.
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ H = "e" * 64
 COMPANION = ("zz/czz.best_config", b'{"XBLOCK": 64, "num_warps": 4}')
 
 
-#: Bugs found by this suite and fixed since: their tests now assert the correct behaviour.
+#: Bugs found by this suite and fixed: their tests now assert the correct behaviour.
 FIXED = {"L3", "L4", "V1", "B1", "B2", "B3", "B4", "D1", "D2", "D3", "D4", "D5", "D6", "P1", "P2", "C1", "C2", "G1-G4", "M1", "L1", "L2", "V2", "V3", "V4", "R1-R3"}
 
 
