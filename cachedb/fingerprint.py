@@ -21,7 +21,8 @@ class Fingerprint:
     ``system`` is ``CacheBase.get_system()`` (torch/_inductor/codecache.py) exactly as Inductor
     writes it into ``cache/<system hash>``: ``{"device": {"name": ...}, "version": {"triton":
     ..., "cuda": ...}, "hash": ...}`` on a GPU, ``{"hash": "44136fa3…"}`` on a CPU-only
-    machine. ``torch_key`` is the hex digest of ``torch_key()``; ``cpu_model`` and ``isa``
+    machine (torch 2.15: ``{"version": {"triton": ...}, "hash": ...}`` there, and ``"version"``
+    before ``"device"`` on a GPU). ``torch_key`` is the hex digest of ``torch_key()``; ``cpu_model`` and ``isa``
     (``torch.backends.cpu.get_cpu_capability()``) tell CPU machines apart, which share one
     system hash. Fields unknown for imported data are ``None``.
     """
@@ -70,6 +71,16 @@ class Fingerprint:
     @property
     def hip_version(self) -> str | None:
         return (self.system.get("version") or {}).get("hip")
+
+    def recomputed_system_hash(self) -> str:
+        """``system``'s hash recomputed by :func:`cachedb.keys.system_hash` with the formula of
+        the torch release this fingerprint records (``torch_version``; the installed torch's
+        where it is unknown). Equal to :attr:`system_hash` for every system torch 2.9 to 2.15
+        writes; torch 2.15 hashes Triton's key on machines without a GPU, earlier releases
+        do not. Raises :class:`~cachedb.BadInputError` for a system no torch release writes."""
+        from .keys import system_hash
+
+        return system_hash(self.system, torch_version=self.torch_version)
 
     @property
     def system_json(self) -> str:

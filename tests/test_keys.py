@@ -1,12 +1,12 @@
-"""cachedb.keys against torch 2.13: property tests (torch) and frozen vectors (no torch).
+"""cachedb.keys against torch 2.9 to 2.15: property tests (torch) and frozen vectors (no torch).
 
 Two parts:
 
-* Frozen vectors: ``tests/data/key_vectors.json`` (written by ``tests/data/make_key_vectors.py``
-  from torch's own functions) checked against every function of cachedb.keys. These never
-  import torch.
-* Property tests (``@pytest.mark.torch``): each function compared with torch's own function
-  over hypothesis-generated inputs. Live torch state is set through torch's own seams
+* Frozen vectors: ``tests/data/key_vectors/torch-<VERSION>.json``, one file per torch release
+  (written by ``tests/data/make_key_vectors.py`` from that torch's own functions), checked
+  against every function of cachedb.keys with that release's formulas. These never import torch.
+* Property tests (``@pytest.mark.torch``): each function compared with the installed torch's
+  own function (any release from 2.9 to 2.15) over hypothesis-generated inputs. Live torch state is set through torch's own seams
   (``config.patch``, ``torch.compiler.config.patch``, ``fresh_cache()``,
   ``torch_key.set``, the remote caches' ``backend_override_cls`` hook with an in-memory
   backend); nothing of torch is mocked. They skip where torch is not installed.
@@ -39,7 +39,10 @@ from hypothesis import strategies as st
 from cachedb import keys
 from cachedb._errors import BadInputError
 
-VECTORS_PATH = Path(__file__).parent / "data" / "key_vectors.json"
+VECTORS_DIR = Path(__file__).parent / "data" / "key_vectors"
+VECTOR_FILES = sorted(VECTORS_DIR.glob("torch-*.json"), key=lambda p: tuple(int(x) for x in p.stem[6:].split(".")))
+#: Every torch release the keys are checked against (.ci/compat), one vectors file each.
+RELEASES = ["2.9", "2.10", "2.11", "2.12", "2.13", "2.14", "2.15"]
 EXT = importlib.machinery.EXTENSION_SUFFIXES[0]
 
 # ============================================================================================
@@ -132,19 +135,35 @@ def test_public_functions_name_their_torch_source() -> None:
         assert "Returns:" in doc and "Raises:" in doc and "Args:" in doc, fn.__name__
 
 
-@pytest.fixture(scope="module")
-def vectors() -> dict[str, Any]:
-    return json.loads(VECTORS_PATH.read_text())
+@pytest.fixture(scope="module", params=VECTOR_FILES, ids=lambda p: p.stem)
+def vectors(request: pytest.FixtureRequest) -> dict[str, Any]:
+    data = json.loads(request.param.read_text())
+    assert request.param.name == f"torch-{data['meta']['torch_version'].split('+')[0]}.json"
+    return data
 
 
-def test_vectors_were_made_for_torch_2_13(vectors: dict[str, Any]) -> None:
-    assert vectors["meta"]["torch_version"].startswith("2.13.")
+def tv(vectors: dict[str, Any]) -> str:
+    """The torch version a vectors file was made with (the formulas to check it with)."""
+    return vectors["meta"]["torch_version"]
+
+
+def same_extension_suffixes(vectors: dict[str, Any]) -> None:
+    """Skip where the vectors were made on a Python whose extension suffixes differ from this
+    one's: their trees name files with that Python's suffix (EXT), which decides what is a module."""
+    if vectors["meta"]["extension_suffixes"] != list(importlib.machinery.EXTENSION_SUFFIXES):
+        pytest.skip(f"vectors made on Python {vectors['meta']['python']}, whose extension suffixes differ from this Python's")
+
+
+def test_vectors_exist_for_every_release() -> None:
+    made = {".".join(p.stem[6:].split(".")[:2]) for p in VECTOR_FILES}
+    assert made == set(RELEASES)
 
 
 def test_vectors_sha256_hash(vectors: dict[str, Any]) -> None:
     assert len(vectors["sha256_hash"]) >= 20
     for case in vectors["sha256_hash"]:
         assert keys.sha256_hash(dec(case["data"])) == case["expected"]
+        assert keys.sha256_digest_name(hashlib.sha256(keys._common._to_bytes(dec(case["data"]))).digest()) == case["expected"]
 
 
 def test_vectors_code_hash(vectors: dict[str, Any]) -> None:
@@ -157,11 +176,15 @@ def test_vectors_code_hash(vectors: dict[str, Any]) -> None:
 
 def test_vectors_get_hash(vectors: dict[str, Any]) -> None:
     section = vectors["get_hash"]
+    fmt = section["xpu_kernel_format"] or "zebin"
+    assert any(c["expected"] is None for c in section["cases"])
     for case in section["cases"]:
-        got = keys.get_hash(
-            dec(case["content"]), dec(case["extra"]), case["hash_type"], xpu_kernel_format=section["xpu_kernel_format"]
-        )
-        assert got == case["expected"], case
+        args = (dec(case["content"]), dec(case["extra"]), case["hash_type"])
+        if case["expected"] is None:  # torch: "Unknown hash type"
+            with pytest.raises(ValueError):
+                keys.get_hash(*args, xpu_kernel_format=fmt, torch_version=tv(vectors))
+            continue
+        assert keys.get_hash(*args, xpu_kernel_format=fmt, torch_version=tv(vectors)) == case["expected"], case
 
 
 def test_vectors_get_path(vectors: dict[str, Any]) -> None:
@@ -172,15 +195,59 @@ def test_vectors_get_path(vectors: dict[str, Any]) -> None:
 
 
 def test_vectors_system(vectors: dict[str, Any]) -> None:
-    section = vectors["system"]
-    assert section["this_machine"] == keys.system_info(None, None)
-    assert keys.system_hash(section["this_machine"]) == section["this_machine"]["hash"]
+    section, version = vectors["system"], tv(vectors)
+    here = section["this_machine"]  # a CPU machine, Triton installed from 2.11 on
+    got = keys.system_info(None, (here.get("version") or {}).get("triton"), torch_version=version)
+    assert json.dumps(got) == json.dumps(here)  # same keys, same order
+    assert keys.system_hash(here, torch_version=version) == here["hash"]
+    for case in section.get("cpu_cases", []):
+        got = keys.system_info(None, case["triton_key"], torch_version=version)
+        assert json.dumps(got) == json.dumps(case["expected"])
+        assert keys.system_hash(case["expected"], torch_version=version) == case["expected"]["hash"]
     for case in section["cases"]:
-        got = keys.system_info(*case["args"])
-        assert got == case["expected"]
-        assert list(got) == ["device", "version", "hash"]  # insertion order, as Inductor writes it
-        assert list(got["version"]) == list(case["expected"]["version"])
-        assert keys.system_hash(case["expected"]) == case["expected"]["hash"]
+        got = keys.system_info(*case["args"], torch_version=version)
+        assert json.dumps(got) == json.dumps(case["expected"])  # insertion order, as Inductor writes it
+        assert keys.system_hash(case["expected"], torch_version=version) == case["expected"]["hash"]
+
+
+def test_fingerprint_recomputes_its_system_hash_by_its_torch(vectors: dict[str, Any]) -> None:
+    from cachedb.fingerprint import Fingerprint
+
+    systems = [vectors["system"]["this_machine"], *(c["expected"] for c in vectors["system"]["cases"])]
+    systems += [c["expected"] for c in vectors["system"].get("cpu_cases", [])]
+    for system in systems:
+        fp = Fingerprint(system=dict(system), torch_version=tv(vectors))
+        assert fp.recomputed_system_hash() == fp.system_hash
+
+
+def test_torch_versions_and_the_tested_range() -> None:
+    from cachedb.keys._versions import parse_torch_version, untested_torch_warning
+
+    assert parse_torch_version("2.15.0+cu132") == (2, 15)
+    assert parse_torch_version("2.13.0+cpu") == (2, 13)
+    assert parse_torch_version("2.16.0.dev20261201") == (2, 16)
+    with pytest.raises(BadInputError):
+        parse_torch_version("nightly")
+    for inside in ("2.9.0", "2.12.1", "2.15.0+cu132"):
+        assert untested_torch_warning(inside) is None
+    for outside in ("2.8.0", "2.16.0.dev20261201", "3.0.0"):
+        warning = untested_torch_warning(outside)
+        assert warning is not None and outside in warning and "2.9 to 2.15" in warning
+
+
+def test_system_formulas_per_release() -> None:
+    """2.15 records Triton's key without a GPU, so the CPU hash is no longer ``hex(b"{}")``."""
+    cpu_2_14 = keys.system_info(None, "tk", torch_version="2.14.1")
+    cpu_2_15 = keys.system_info(None, "tk", torch_version="2.15.0")
+    assert cpu_2_14 == {"hash": keys.CPU_SYSTEM_HASH}
+    assert cpu_2_15 == {"version": {"triton": "tk"}, "hash": hashlib.sha256(b'{"version": {"triton": "tk"}}').hexdigest()}
+    with pytest.raises(BadInputError):
+        keys.system_hash(cpu_2_15, torch_version="2.14.1")  # no torch before 2.15 writes that
+    gpu = {"device": {"name": "G"}, "version": {"triton": "tk", "cuda": "13.0"}}
+    assert keys.system_hash(gpu, torch_version="2.14.1") == keys.system_hash(gpu, torch_version="2.15.0")
+    with_interfaces = keys.system_info(None, None, device_interfaces={"mtia": {"arch": 2}}, torch_version="2.15.0")
+    assert list(with_interfaces) == ["version", "device_interfaces", "hash"]
+    assert keys.system_hash(with_interfaces, torch_version="2.15.0") == with_interfaces["hash"]
 
 
 def test_vectors_persistent_cache_inputs_key(vectors: dict[str, Any]) -> None:
@@ -198,6 +265,7 @@ def test_vectors_persistent_cache_inputs_key(vectors: dict[str, Any]) -> None:
 
 
 def test_vectors_build_code_hash(vectors: dict[str, Any], tmp_path: Path) -> None:
+    same_extension_suffixes(vectors)
     section = vectors["build_code_hash"]
     assert any(c["expected_hex"] is None for c in section["cases"])
     for n, case in enumerate(section["cases"]):
@@ -212,6 +280,7 @@ def test_vectors_build_code_hash(vectors: dict[str, Any], tmp_path: Path) -> Non
 
 
 def test_vectors_cutlass_key(vectors: dict[str, Any], tmp_path: Path) -> None:
+    same_extension_suffixes(vectors)
     for n, case in enumerate(vectors["cutlass_key"]):
         if case["tree"] is None:
             root = tmp_path / "does-not-exist"
@@ -222,6 +291,8 @@ def test_vectors_cutlass_key(vectors: dict[str, Any], tmp_path: Path) -> None:
 
 
 def test_vectors_torch_key_synthetic(vectors: dict[str, Any], tmp_path: Path) -> None:
+    same_extension_suffixes(vectors)
+    assert any("_inductor/codegen/aoti_runtime/streams.h" in c["tree"] for c in vectors["torch_key"]["synthetic"])
     for n, case in enumerate(vectors["torch_key"]["synthetic"]):
         root = tmp_path / f"torch{n}"
         materialize(root, case["tree"])
@@ -229,11 +300,13 @@ def test_vectors_torch_key_synthetic(vectors: dict[str, Any], tmp_path: Path) ->
 
 
 def test_vectors_torch_key_installed(vectors: dict[str, Any]) -> None:
-    """The recorded torch_key() of torch 2.13.0, recomputed from its files (torch not imported)."""
+    """The recorded torch_key() of the installed torch's release, recomputed from its files
+    (torch not imported; skipped unless that exact torch is installed)."""
     found = installed_torch()
     expected = vectors["torch_key"]["installed"]
     if found is None or found[1] != expected["torch_version"]:
         pytest.skip(f"torch {expected['torch_version']} is not installed here")
+    same_extension_suffixes(vectors)
     torch_dir, version = found
     assert keys.torch_key(torch_dir, version).hex() == expected["expected_hex"]
 
@@ -251,9 +324,10 @@ def test_vectors_cutlass_config_request_key(vectors: dict[str, Any]) -> None:
             utils_py=utils_py,
         )
         assert got == case["expected"], case
-    # The real op list shipped in the shared corpus was made for arch 90, CUDA 12.8, level 0
-    # with no CUTLASS Python packages at the cutlass_dir root.
-    assert any(c["expected"] == "b15d29dd" for c in section["cases"])
+    # The real op list shipped in tests/data was made by torch 2.13 for arch 90, CUDA 12.8,
+    # level 0 with no CUTLASS Python packages at the cutlass_dir root.
+    if tv(vectors).startswith("2.13."):
+        assert any(c["expected"] == "b15d29dd" for c in section["cases"])
     for case in section["filenames"]:
         assert keys.cutlass_config_filename(case["request_key"]) == case["expected"]
 
@@ -281,7 +355,7 @@ def test_vectors_best_config(vectors: dict[str, Any]) -> None:
         prepare = keys.best_config_prepare_key(kernel_py, tag)
         assert prepare == exp["prepare_key"]
         assert keys.best_config_prepare_key(os.path.basename(kernel_py), tag) == prepare
-        assert keys.best_config_local_path(kernel_py, tk, tag) == exp["local_path"]
+        assert keys.best_config_local_path(kernel_py, tk, tag, torch_version=tv(vectors)) == exp["local_path"]
         assert keys.best_config_filename(kernel_py, tk, tag) == os.path.basename(exp["local_path"])
         assert keys.best_config_relative_key(kernel_py, tk, tag) == exp["relative_key"]
         # a bare basename assumes the standard <k[1:3]>/ layout, which these kernels use
@@ -325,6 +399,9 @@ def test_vectors_redis_key(vectors: dict[str, Any]) -> None:
 
 def test_vectors_isolation_key(vectors: dict[str, Any]) -> None:
     section = vectors["isolation_key"]
+    if section is None:
+        assert tv(vectors).startswith("2.9.")  # torch/_inductor/runtime/caching is new in 2.10
+        return
     for case in section["cases"]:
         assert keys.isolation_key(case["context"]) == case["expected"]
     tvh = section["torch_version_hash"]
@@ -333,19 +410,25 @@ def test_vectors_isolation_key(vectors: dict[str, Any]) -> None:
 
 def test_vectors_cutedsl_kernel_name(vectors: dict[str, Any]) -> None:
     cases = vectors["cutedsl_kernel_name"]
+    if cases is None:
+        pytest.skip(f"torch {tv(vectors)} has no CuTe-DSL backend")
     assert {c["fused_name"] for c in cases} >= {"", "fused"}
     for case in cases:
         assert keys.cutedsl_kernel_name(case["fused_name"], case["src"]) == case["expected"]
 
 
 def test_vectors_gpu_section(vectors: dict[str, Any]) -> None:
-    gpu = vectors.get("gpu")
-    if not gpu:
+    section = vectors.get("gpu")
+    if not section:
         pytest.skip("no GPU section recorded (make_key_vectors.py ran without Triton and a GPU)")
-    assert keys.backend_hash(gpu["triton_key"], gpu["backend_hash_input"]) == gpu["backend_hash"]
-    got = keys.system_info(gpu["device"], gpu["triton_key"], gpu["cuda_version"], gpu["hip_version"])
-    assert got == gpu["system"]
-    assert json.dumps(got) == json.dumps(gpu["system"])  # same key order
+    for gpu in section if isinstance(section, list) else [section]:
+        assert keys.backend_hash(gpu["triton_key"], gpu["backend_hash_input"]) == gpu["backend_hash"]
+        got = keys.system_info(
+            gpu["device"], gpu["triton_key"], gpu["cuda_version"], gpu["hip_version"], torch_version=gpu["torch_version"]
+        )
+        assert got == gpu["system"]
+        assert json.dumps(got) == json.dumps(gpu["system"])  # same key order
+        assert keys.system_hash(gpu["system"], torch_version=gpu["torch_version"]) == gpu["system"]["hash"]
 
 
 # ---- torch-free properties -------------------------------------------------------------------
@@ -391,7 +474,7 @@ def test_other_refusals(tmp_path: Path) -> None:
     with pytest.raises(TypeError):
         keys.sha256_hash(123)  # type: ignore[arg-type]
     with pytest.raises(BadInputError):
-        keys.system_hash({"device": {"name": "x"}})
+        keys.system_hash({"device": {"name": "x"}}, torch_version="2.14.1")
     with pytest.raises(BadInputError):
         keys.isolation_key({"x": object()})
     with pytest.raises(ValueError):
@@ -412,7 +495,7 @@ def test_cpu_system_hash_constant() -> None:
 
 
 # ============================================================================================
-# Part 2: torch 2.13's own functions (skipped where torch is absent)
+# Part 2: the installed torch's own functions (skipped where torch is absent)
 # ============================================================================================
 
 
@@ -420,14 +503,29 @@ def test_cpu_system_hash_constant() -> None:
 def tm() -> SimpleNamespace:
     """torch and the Inductor modules the property tests call."""
     torch = pytest.importorskip("torch")
-    if not str(torch.__version__).startswith("2.13."):
-        pytest.skip(f"these tests compare with torch 2.13, found {torch.__version__}")
+    release = keys._versions.parse_torch_version(str(torch.__version__))
+    if not keys._versions.OLDEST_TESTED <= release <= keys._versions.NEWEST_TESTED:
+        pytest.skip(f"these tests compare with torch 2.9 to 2.15, found {torch.__version__}")
     from torch._inductor import codecache, config
     from torch._inductor import utils as inductor_utils
-    from torch._inductor.cache_key import SYSTEM_CACHE_KEY_STRATEGY
-    from torch._inductor.codegen.cutlass import cache as cutlass_cache
-    from torch._inductor.codegen.cutlass import serialization as cutlass_serialization
-    from torch._inductor.codegen.cutlass import utils as cutlass_utils
+    from torch.compiler._cache import CacheArtifactManager
+
+    try:  # 2.11 on
+        from torch._inductor.codegen.cutlass import cache as cutlass_cache
+        from torch._inductor.codegen.cutlass import serialization as cutlass_serialization
+        from torch._inductor.codegen.cutlass import utils as cutlass_utils
+
+        cutlass_dir_key = "cutlass.cutlass_dir"
+    except ImportError:  # 2.9/2.10
+        from torch._inductor.codegen.cuda import cutlass_cache
+        from torch._inductor.codegen.cuda import cutlass_utils
+        from torch._inductor.codegen.cuda import serialization as cutlass_serialization
+
+        cutlass_dir_key = "cuda.cutlass_dir"
+    try:  # 2.10 on
+        from torch._inductor.runtime.caching import context as caching_context
+    except ImportError:
+        caching_context = None
     from torch._inductor.remote_cache import (
         RedisRemoteCache,
         RemoteAutotuneCache,
@@ -436,7 +534,6 @@ def tm() -> SimpleNamespace:
     )
     from torch._inductor.runtime import autotune_cache, triton_heuristics
     from torch._inductor.runtime.cache_dir_utils import cache_dir
-    from torch._inductor.runtime.caching import context as caching_context
 
     class DictBackend(RemoteCacheBackend[bytes]):
         """An in-memory remote-cache backend (what a Redis server would hold)."""
@@ -456,10 +553,12 @@ def tm() -> SimpleNamespace:
 
     return SimpleNamespace(
         torch=torch,
+        release=release,
         codecache=codecache,
         config=config,
         utils=inductor_utils,
-        SYSTEM=SYSTEM_CACHE_KEY_STRATEGY,
+        CacheArtifactManager=CacheArtifactManager,
+        cutlass_dir_key=cutlass_dir_key,
         cutlass_cache=cutlass_cache,
         cutlass_serialization=cutlass_serialization,
         cutlass_utils=cutlass_utils,
@@ -524,7 +623,12 @@ def torch_settings(max_examples: int) -> settings:
 @torch_settings(200)
 @given(data=str_or_bytes_st)
 def test_sha256_hash_matches_torch(tm: SimpleNamespace, data: str | bytes) -> None:
+    if isinstance(data, str) and tm.release < (2, 13):
+        with pytest.raises(TypeError):  # 2.9 to 2.12 hash bytes only
+            tm.codecache.sha256_hash(data)
+        data = data.encode("utf-8")
     assert keys.sha256_hash(data) == tm.codecache.sha256_hash(data)
+    assert keys.sha256_digest_name(hashlib.sha256(data if isinstance(data, bytes) else data.encode()).digest()) == keys.sha256_hash(data)
 
 
 @pytest.mark.torch
@@ -545,7 +649,7 @@ def test_code_hash_matches_torch(tm: SimpleNamespace, code: str | bytes, extra: 
     hash_type=st.sampled_from(["code", "ptx", "amdgcn", "spv", "cubin", "hsaco", "zebin", "elf", ""]),
 )
 def test_get_hash_matches_torch(tm: SimpleNamespace, content: str | bytes, extra: str, hash_type: str) -> None:
-    fmt = tm.utils.XPU_KERNEL_FORMAT
+    fmt = getattr(tm.utils, "XPU_KERNEL_FORMAT", "zebin")  # 2.9/2.10 have no XPU binary kind
     try:
         expected = tm.codecache.get_hash(content, extra, hash_type)
     except AssertionError:
@@ -572,12 +676,45 @@ def test_get_path_matches_torch(tm: SimpleNamespace, basename: str, extension: s
 def test_system_info_matches_get_system_here(tm: SimpleNamespace) -> None:
     tm.codecache.CacheBase.get_system.cache_clear()
     system = tm.codecache.CacheBase.get_system()
+    version = system.get("version", {})
     if "device" in system:  # a GPU build on a GPU machine
-        version = system["version"]
         got = keys.system_info(system["device"]["name"], version["triton"], version.get("cuda"), version.get("hip"))
-        assert json.dumps(got) == json.dumps(system)
     else:
-        assert keys.system_info(None, None) == system == {"hash": keys.CPU_SYSTEM_HASH}
+        got = keys.system_info(None, version.get("triton"))
+        if tm.release < (2, 15):
+            assert system == {"hash": keys.CPU_SYSTEM_HASH}
+    assert json.dumps(got) == json.dumps(system)
+    assert keys.system_hash(system) == system["hash"]
+
+
+@contextlib.contextmanager
+def triton_key_set(tm: SimpleNamespace, value: str) -> Iterator[None]:
+    """Prepopulate codecache.triton_key() (2.13 on: a prefetchable cache), restoring it after."""
+    real = tm.codecache.triton_key()
+    tm.codecache.triton_key.clear()
+    tm.codecache.triton_key.set(value)
+    tm.codecache.CacheBase.get_system.cache_clear()
+    try:
+        yield
+    finally:
+        tm.codecache.triton_key.clear()
+        tm.codecache.triton_key.set(real)
+        tm.codecache.CacheBase.get_system.cache_clear()
+
+
+@pytest.mark.torch
+@torch_settings(60)
+@given(triton=text_st)
+def test_system_info_matches_get_system_with_any_triton_key(tm: SimpleNamespace, triton: str) -> None:
+    """CacheBase.get_system() itself, with triton_key() prepopulated through its own set()."""
+    if not hasattr(getattr(tm.codecache, "triton_key", None), "set"):
+        pytest.skip(f"torch {tm.torch.__version__}: triton_key is not a prefetchable cache (2.13 on)")
+    with triton_key_set(tm, triton):
+        system = tm.codecache.CacheBase.get_system()
+    if "device" in system:
+        pytest.skip("a GPU machine: the CPU branch is not taken")
+    got = keys.system_info(None, triton)
+    assert json.dumps(got) == json.dumps(system)
     assert keys.system_hash(system) == system["hash"]
 
 
@@ -592,10 +729,21 @@ def test_system_info_matches_get_system_here(tm: SimpleNamespace) -> None:
 def test_system_hash_matches_torch_strategy(
     tm: SimpleNamespace, name: str, triton: str | None, cuda: str | None, hip: str | None
 ) -> None:
+    """The GPU branch of get_system() (no GPU here to take it): its dict built as the installed
+    torch's source builds it, the hash by its own strategy (2.13 on; 2.9 to 2.12 inline)."""
     got = keys.system_info(name, triton, cuda, hip)
     version = {"triton": triton, **({"cuda": cuda} if cuda is not None else {"hip": hip})}
-    hash_input = {"device": {"name": name}, "version": version}
-    assert got == {**hash_input, "hash": tm.SYSTEM.key_from_json(hash_input)}
+    if tm.release >= (2, 15):
+        hash_input: dict[str, Any] = {"version": version, "device": {"name": name}}
+    else:
+        hash_input = {"device": {"name": name}, "version": version}
+    try:
+        from torch._inductor.cache_key import SYSTEM_CACHE_KEY_STRATEGY
+
+        expected_hash = SYSTEM_CACHE_KEY_STRATEGY.key_from_json(hash_input)
+    except ImportError:  # 2.9 to 2.12: hashlib.sha256(json.dumps(system, sort_keys=True))
+        expected_hash = hashlib.sha256(json.dumps(hash_input, sort_keys=True).encode("utf-8")).hexdigest()
+    assert json.dumps(got) == json.dumps({**hash_input, "hash": expected_hash})
 
 
 class _Choice:
@@ -622,12 +770,15 @@ def test_persistent_cache_key_matches_lookup(tm: SimpleNamespace, inputs: str, h
             system = tm.codecache.CacheBase.get_system()
             path = Path(tm.cache_dir()) / "cache" / keys.system_hash(system)
             doc = json.loads(path.read_text())
+        # 2.15 keys timings by utils.fp32_matmul_precision_key() ("cuda:<p>,mkldnn:<p>")
+        precision_key = getattr(tm.utils, "fp32_matmul_precision_key", None)
+        recorded = precision_key() if precision_key is not None else precision
     finally:
         torch.set_float32_matmul_precision(old_precision)
     (key,) = doc["cache"]["addmm"]
     assert key == keys.persistent_cache_inputs_key(inputs, hint)
     assert keys.split_inputs_key(key) == (inputs, hint)
-    assert doc["cache"]["addmm"][key] == {precision: {"c1": 0.25}}
+    assert doc["cache"]["addmm"][key] == {recorded: {"c1": 0.25}}
     assert doc["system"] == system
 
 
@@ -705,9 +856,54 @@ def test_torch_key_matches_installed_torch(tm: SimpleNamespace, my_torch_key: by
     assert len(my_torch_key) == 32
 
 
+def torch_get_code_hash(tm: SimpleNamespace) -> Any:
+    """torch_key()'s own inner ``get_code_hash(root)`` (OSS branch), as torch compiled it: the
+    nested function's code object taken from torch_key's code, bound to codecache's globals."""
+    import types
+
+    wrapper = tm.codecache.torch_key
+    funcs = [c.cell_contents for c in (wrapper.__closure__ or ()) if callable(getattr(c, "cell_contents", None))]
+    (original,) = [f for f in funcs if getattr(f, "__name__", "") == "torch_key"]
+    (code,) = [c for c in original.__code__.co_consts if isinstance(c, types.CodeType) and c.co_name == "get_code_hash"]
+    return types.FunctionType(code, tm.codecache.__dict__)
+
+
+@pytest.mark.torch
+@torch_settings(40)
+@given(tree=st.dictionaries(_names, _trees, max_size=6), extras=st.lists(st.booleans(), min_size=3, max_size=3))
+def test_torch_key_matches_torch_get_code_hash(tm: SimpleNamespace, tree: dict[str, Any], extras: list[bool]) -> None:
+    """torch's get_code_hash over a generated torch tree: it reads the installed torch's extra
+    files (interface.cpp, streams.h from 2.14, script.ld); the tree holds copies of those, so
+    cachedb, reading them from the tree, must agree. Extra files torch does not hash are added
+    at random too."""
+    assume(not _has_dir_init(tree) and "_inductor" not in tree)
+    inductor = os.path.dirname(tm.codecache.__file__)
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp) / "torch"
+        _write_tree(root, tree)
+        for rel, add in zip(("codegen/aoti_runtime/interface.cpp", "codegen/aoti_runtime/streams.h", "script.ld"), extras):
+            src = Path(inductor) / rel
+            dst = root / "_inductor" / rel
+            if src.exists():
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                dst.write_bytes(src.read_bytes())
+            elif add:  # a file this torch does not ship: it must not be hashed either
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                dst.write_bytes(b"not shipped by this torch")
+        try:
+            expected: bytes | None = torch_get_code_hash(tm)(str(root))
+        except AssertionError:
+            expected = None
+        try:
+            got: bytes | None = keys.torch_key(root, str(tm.torch.__version__))
+        except BadInputError:
+            got = None
+    assert got == expected
+
+
 @contextlib.contextmanager
 def cutlass_dir(tm: SimpleNamespace, path: str) -> Iterator[None]:
-    with tm.config.patch({"cutlass.cutlass_dir": path}):
+    with tm.config.patch({tm.cutlass_dir_key: path}):
         tm.codecache.cutlass_key.clear()
         try:
             yield
@@ -823,14 +1019,18 @@ def test_best_config_keys_match_autotune_cache(
         kernel_py = os.path.join(tm.cache_dir(), (stem + "xx")[1:3], stem + ".py")
         cache = tm.ac.AutotuneCache.create(meta, kernel_py, ch)
         assert cache is not None and cache.local_cache is not None and cache.remote_cache is not None
-        cache.save(objects[0], 5_000_000)
+        with tm.CacheArtifactManager.with_fresh_cache():
+            cache.save(objects[0], 5_000_000)
+            # the Mega-Cache key: 2.13 on on cache.artifact_recorder, 2.9 to 2.12 in the manager
+            recorder = getattr(cache, "artifact_recorder", None)
+            artifact_key = recorder.key if recorder is not None else tm.CacheArtifactManager._new_cache_artifacts["autotune"][-1].key
         local_path = cache.local_cache[1]
         assert os.path.isfile(local_path)
         (redis_key,) = backend.store
     prepare = keys.best_config_prepare_key(kernel_py, tag)
     assert prepare == cache.remote_cache[1]
     assert keys.best_config_local_path(kernel_py, tk, tag) == local_path
-    assert keys.best_config_relative_key(kernel_py, tk, tag) == cache.artifact_recorder.key
+    assert keys.best_config_relative_key(kernel_py, tk, tag) == artifact_key
     remote_id = keys.autotune_remote_cache_id(tk, bh, keys.configs_hash(configs))
     assert remote_id == cache.remote_cache_full_key
     assert keys.autotune_redis_key(remote_id, prepare) == redis_key
@@ -911,6 +1111,8 @@ def _selection(forms: tuple[str, ...]) -> st.SearchStrategy[Any]:
 @torch_settings(40)
 @given(runtime=_selection(_runtime_forms), compile_=_selection(_compile_forms))
 def test_isolation_key_matches_torch(tm: SimpleNamespace, runtime: Any, compile_: Any) -> None:
+    if tm.caching_context is None:
+        pytest.skip(f"torch {tm.torch.__version__} has no runtime/caching (2.10 on)")
     schema = {"runtime_context": runtime, "compile_context": compile_}
     context = tm.caching_context._isolation_context(schema)
     assert keys.isolation_key(context) == tm.caching_context._isolation_key(schema)
@@ -918,6 +1120,8 @@ def test_isolation_key_matches_torch(tm: SimpleNamespace, runtime: Any, compile_
 
 @pytest.mark.torch
 def test_isolation_torch_version_hash_matches_torch(tm: SimpleNamespace, my_torch_key: bytes) -> None:
+    if tm.caching_context is None:
+        pytest.skip(f"torch {tm.torch.__version__} has no runtime/caching (2.10 on)")
     tm.caching_context._CompileContext.torch_version_hash.cache_clear()
     tm.codecache.torch_key.clear()
     assert keys.isolation_torch_version_hash(my_torch_key) == tm.caching_context._CompileContext.torch_version_hash()

@@ -1,10 +1,12 @@
-"""Inductor's cache-key formulas, re-implemented without torch and bit-exact with torch 2.13.
+"""Inductor's cache-key formulas, re-implemented without torch and bit-exact with torch 2.9 to 2.15.
 
 Every public function names the torch function it mirrors (paths relative to the installed
 ``torch`` package). They only hash and format: they never import torch, never read torch's
 live state (configs, ``cache_dir()``, devices) and take whatever that state would supply as
 arguments instead. The only functions that touch the file system are :func:`build_code_hash`,
-:func:`torch_key` and :func:`cutlass_key`, which read a source tree the way torch does.
+:func:`torch_key` and :func:`cutlass_key`, which read a source tree the way torch does, and
+those whose formula changed between torch releases when no ``torch_version`` is given: they
+read the installed torch's version from its ``version.py`` (:mod:`._versions`).
 
 One module per torch module mirrored; this package re-exports every public name, so
 ``from cachedb.keys import X`` and ``cachedb.keys.X`` work for all of them:
@@ -20,19 +22,27 @@ One module per torch module mirrored; this package re-exports every public name,
 - :mod:`.cutlass`: torch/_inductor/codegen/cutlass/cache.py (CUTLASS op lists);
 - :mod:`.caching_context`: torch/_inductor/runtime/caching/context.py (isolation key);
 - :mod:`.cutedsl`: torch/_inductor/codegen/cutedsl/cutedsl_scheduling.py (kernel names);
-- :mod:`._common`: torch/_inductor/cache_key.py (the hashing primitives).
+- :mod:`._common`: torch/_inductor/cache_key.py (the hashing primitives);
+- :mod:`._versions`: which torch release's formula applies.
 
 Notation used below: ``hex(x) = hashlib.sha256(x).hexdigest()``; ``b32_51(d) =
 base64.b32encode(d)[:51].decode().lower()``; ``‖`` is byte concatenation; strings are UTF-8
 encoded before hashing. torch 2.13 spells these as the strategies of
 ``torch/_inductor/cache_key.py`` (``COMPACT``, ``CODE``, ``SYSTEM``, ``AUTOTUNE``).
 
-Frozen test vectors: ``tests/data/key_vectors.json`` (made by ``tests/data/make_key_vectors.py``
-from torch's own functions).
+Formulas that changed between torch releases follow a ``torch_version`` keyword (the installed
+torch's by default; for stored data, the version its fingerprint records), and their docstrings
+say which release does what (:mod:`._versions` lists the changes): ``system_info`` and
+``system_hash`` (2.15), ``torch_key`` (2.14), ``get_hash`` (2.11), ``best_config_local_path``
+(2.13).
+
+Frozen test vectors: ``tests/data/key_vectors/torch-<VERSION>.json``, one per torch release
+(made by ``tests/data/make_key_vectors.py`` from that torch's own functions).
 """
 
 from __future__ import annotations
 
+from . import _versions  # noqa: F401  (keys._versions: which release's formula applies)
 from ._common import KeyComponent
 from .autotune_cache import (
     AUTOTUNE_REMOTE_SALT,

@@ -13,6 +13,7 @@ import re
 
 from .._errors import BadInputError
 from ._common import _sha256_hex
+from ._versions import formula_version
 from .codecache import code_hash, get_path
 
 
@@ -74,25 +75,34 @@ def best_config_filename(kernel_py: str, torch_key: bytes, cache_key_tag: str = 
     return f"{_sha256_hex(key, torch_key)}.{BEST_CONFIG_EXTENSION}"
 
 
-def best_config_local_path(kernel_py: str, torch_key: bytes, cache_key_tag: str = "") -> str:
+def best_config_local_path(
+    kernel_py: str, torch_key: bytes, cache_key_tag: str = "", *, torch_version: str | None = None
+) -> str:
     """Path of a kernel's local best config: next to the kernel's ``.py``.
 
     Mirrors torch/_inductor/runtime/autotune_cache.py: AutotuneCache._make_local_cache_key
-    (``os.path.join(os.path.dirname(filename), name)``). This is the key the local
+    (2.13 to 2.15: ``os.path.join(os.path.dirname(filename), name)``); 2.9 to 2.12:
+    AutotuneCache._setup_local_cache (``f"{dirname}/{name}"``, which differs only for a
+    ``kernel_py`` without a directory or directly under ``/``). This is the key the local
     autotune cache backend (``LocalAutotuneCache``) receives.
 
     Args:
         kernel_py: path of the kernel's ``.py`` as Inductor passes it (absolute in practice).
         torch_key: ``codecache.torch_key()``.
         cache_key_tag: ``torch.compiler.config.cache_key_tag``.
+        torch_version: ``torch.__version__`` whose formula applies; ``None``: the installed
+            torch's (see :mod:`cachedb.keys._versions`).
 
     Returns:
-        ``os.path.join(os.path.dirname(kernel_py), best_config_filename(...))``.
+        ``os.path.join(os.path.dirname(kernel_py), best_config_filename(...))`` (2.9 to
+        2.12: ``f"{os.path.dirname(kernel_py)}/{best_config_filename(...)}"``).
 
     Raises:
         TypeError: see :func:`best_config_filename`.
     """
     name = best_config_filename(kernel_py, torch_key, cache_key_tag)
+    if formula_version(torch_version) < (2, 13):
+        return f"{os.path.dirname(kernel_py)}/{name}"
     return os.path.join(os.path.dirname(kernel_py), name)
 
 
@@ -100,8 +110,11 @@ def best_config_relative_key(kernel_py: str, torch_key: bytes, cache_key_tag: st
     """Best-config key relative to the cache dir: ``"<k[1:3]>/<name>.best_config"``.
 
     Mirrors torch/_inductor/runtime/autotune_cache.py:
-    AutotuneCache._artifact_key_from_local_cache_key (the Mega-Cache ``autotune`` artifact
-    key; ``AutotuneCacheArtifact.populate_cache`` writes it to ``cache_dir()/key``).
+    AutotuneCache._artifact_key_from_local_cache_key (2.13 to 2.15; the Mega-Cache
+    ``autotune`` artifact key; ``AutotuneCacheArtifact.populate_cache`` writes it to
+    ``cache_dir()/key``); 2.9 to 2.12: LocalAutotuneCache._get/_put and
+    AutotuneCache.save (``os.path.join(*key.split(os.sep)[-2:])`` of the local path), the
+    same value on every release.
 
     Args:
         kernel_py: path of the kernel's ``.py``: the last directory component of the path is
@@ -117,13 +130,13 @@ def best_config_relative_key(kernel_py: str, torch_key: bytes, cache_key_tag: st
         BadInputError: a bare basename whose stem is shorter than 3 characters (no shard).
         TypeError: see :func:`best_config_filename`.
     """
-    local = best_config_local_path(kernel_py, torch_key, cache_key_tag)
+    name = best_config_filename(kernel_py, torch_key, cache_key_tag)
     if os.path.dirname(kernel_py):
-        return os.path.join(*local.split(os.sep)[-2:])
+        return os.path.join(*os.path.join(os.path.dirname(kernel_py), name).split(os.sep)[-2:])
     stem = os.path.splitext(kernel_py)[0]
     if len(stem) < 3:
         raise BadInputError(kernel_py, "kernel basename too short to derive its <k[1:3]> directory")
-    return os.path.join(stem[1:3], local)
+    return os.path.join(stem[1:3], name)
 
 
 def backend_hash(triton_key: str, backend: str) -> str:

@@ -16,12 +16,16 @@ from typing import Any
 
 from .._errors import BadInputError
 from ._common import KeyComponent, _b32_51, _sha256_hex, _to_bytes
+from ._versions import formula_version
 
 
-#: ``CacheBase.get_system()["hash"]`` on every machine without a CUDA/ROCm device:
-#: ``hex(json.dumps({}))`` = ``hex(b"{}")``.
+#: ``CacheBase.get_system()["hash"]`` on every machine without a CUDA/ROCm device, torch 2.9
+#: to 2.14: ``hex(json.dumps({}))`` = ``hex(b"{}")`` (2.15 hashes Triton's key there too).
 CPU_SYSTEM_HASH = "44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a"
 
+
+# torch 2.15's CacheBase.get_system: what its hash_input may hold.
+_SYSTEM_HASH_FIELDS = ("version", "device", "device_interfaces")
 
 # torch/_inductor/codecache.py: get_hash
 _TEXT_HASH_TYPES = frozenset({"amdgcn", "code", "ptx", "spv"})
@@ -35,11 +39,14 @@ _HINTED_INPUTS_KEY = re.compile(r"(.*\])_(0|-?[1-9][0-9]*)", re.DOTALL)
 def sha256_hash(data: KeyComponent) -> str:
     """Compact base32 SHA-256: the file name of an FX-graph / AOTAutograd entry's bytes.
 
-    Mirrors torch/_inductor/codecache.py: sha256_hash (``COMPACT_CACHE_KEY_STRATEGY.key``).
+    Mirrors torch/_inductor/codecache.py: sha256_hash (2.13 on:
+    ``COMPACT_CACHE_KEY_STRATEGY.key`` of torch/_inductor/cache_key.py; 2.9 to 2.12: the same
+    formula inline, over ``bytes`` only).
 
     Args:
-        data: the bytes to hash (``bytes``; ``str`` is UTF-8 encoded, ``bytearray`` and
-            ``memoryview`` are accepted as torch accepts them).
+        data: the bytes to hash (``bytes``; ``str`` is UTF-8 encoded and ``bytearray`` and
+            ``memoryview`` are accepted as torch 2.13 on accepts them; 2.9 to 2.12 raise
+            ``TypeError`` for a ``str``, the same value on everything they accept).
 
     Returns:
         51 lower-case base32 characters, ``b32_51(sha256(data).digest())``.
@@ -72,7 +79,8 @@ def sha256_digest_name(digest: bytes) -> str:
 def code_hash(code: KeyComponent, extra: KeyComponent = "") -> str:
     """Key of a generated module (``PyCodeCache``, ``CppCodeCache``, ...): ``"c" + b32_51(...)``.
 
-    Mirrors torch/_inductor/codecache.py: code_hash (``CODE_CACHE_KEY_STRATEGY.key``).
+    Mirrors torch/_inductor/codecache.py: code_hash (2.13 on: ``CODE_CACHE_KEY_STRATEGY.key``;
+    2.9 to 2.12: the same formula inline, over ``str`` and ``bytes`` only).
 
     Args:
         code: source text or bytes (``str`` is UTF-8 encoded).
@@ -97,9 +105,10 @@ def get_path(
 ) -> tuple[str, str, str]:
     """Directory and file a cache artifact named ``basename`` lives at.
 
-    Mirrors torch/_inductor/codecache.py: get_path, with torch's ``cache_dir()`` passed in
-    as ``cache_dir`` (torch's is always absolute: ``os.path.abspath($TORCHINDUCTOR_CACHE_DIR)``
-    or ``<tmp>/torchinductor_<user>``; this function uses it as given).
+    Mirrors torch/_inductor/codecache.py: get_path (2.9 to 2.15), with torch's ``cache_dir()``
+    passed in as ``cache_dir`` (2.13 on it is always absolute:
+    ``os.path.abspath($TORCHINDUCTOR_CACHE_DIR)`` or ``<tmp>/torchinductor_<user>``; 2.9 to
+    2.12 keep a relative ``$TORCHINDUCTOR_CACHE_DIR`` as it is; this function uses it as given).
 
     Args:
         basename: the key (e.g. a :func:`code_hash`); its characters ``[1:3]`` shard it.
@@ -143,10 +152,13 @@ def get_hash(
     hash_type: str = "code",
     *,
     xpu_kernel_format: str = "zebin",
+    torch_version: str | None = None,
 ) -> str:
     """Key of a kernel source or binary, by kind.
 
-    Mirrors torch/_inductor/codecache.py: get_hash.
+    Mirrors torch/_inductor/codecache.py: get_hash, per torch release: the binary kinds are
+    ``cubin``, ``hsaco`` and the XPU format from 2.11 on, ``cubin`` and ``hsaco`` only in
+    2.9/2.10 (which list ``spv`` there too, already taken as text).
 
     Args:
         content: source (``str``) or binary (``bytes``).
@@ -155,7 +167,10 @@ def get_hash(
             ``code_hash(content, extra)``) or ``"cubin"``, ``"hsaco"`` or the XPU binary
             format (binary kinds: ``code_hash(repr(content))``).
         xpu_kernel_format: torch's ``torch/_inductor/utils.py: XPU_KERNEL_FORMAT``
-            (``$TORCHINDUCTOR_XPU_KERNEL_FORMAT``, default ``"zebin"``; ``"spv"`` on Windows).
+            (``$TORCHINDUCTOR_XPU_KERNEL_FORMAT``, default ``"zebin"``; ``"spv"`` on Windows;
+            2.11 on).
+        torch_version: ``torch.__version__`` whose formula applies; ``None``: the installed
+            torch's (see :mod:`cachedb.keys._versions`).
 
     Returns:
         A :func:`code_hash` string (52 characters).
@@ -166,38 +181,53 @@ def get_hash(
     """
     if hash_type in _TEXT_HASH_TYPES:
         return code_hash(content, extra)
-    if hash_type in _BINARY_HASH_TYPES or hash_type == xpu_kernel_format:
+    if hash_type in _BINARY_HASH_TYPES or (
+        hash_type == xpu_kernel_format and formula_version(torch_version) >= (2, 11)
+    ):
         return code_hash(repr(content))
     raise ValueError(f"Unknown hash type {hash_type}")
 
 
-def system_hash(system: Mapping[str, Any]) -> str:
+def system_hash(system: Mapping[str, Any], *, torch_version: str | None = None) -> str:
     """The ``system_hash`` naming ``cache/<system_hash>``, recomputed from a system description.
 
-    Mirrors torch/_inductor/codecache.py: CacheBase.get_system (its ``"hash"`` field:
-    ``SYSTEM_CACHE_KEY_STRATEGY.key_from_json(...)``).
+    Mirrors torch/_inductor/codecache.py: CacheBase.get_system (its ``"hash"`` field), per
+    torch release:
+
+    - 2.9 to 2.12: ``hashlib.sha256(json.dumps(system, sort_keys=True))`` over the dict before
+      ``"hash"`` is added (inline code of ``get_system``);
+    - 2.13 and 2.14: ``SYSTEM_CACHE_KEY_STRATEGY.key_from_json(hash_input)``
+      (torch/_inductor/cache_key.py), same value;
+    - 2.15: the same strategy over ``hash_input``, which now always holds ``"version"``
+      and holds ``"device"`` only with a GPU and ``"device_interfaces"`` only when a device
+      interface reports ``get_cache_system_info()``.
 
     Args:
         system: a dict as ``get_system()`` returns it (a ``"hash"`` key, if present, is
-            ignored). With ``"device"`` and ``"version"`` (GPU): the hash is
-            ``hex(json.dumps({"device": ..., "version": ...}, sort_keys=True))``. With
-            neither (no GPU): ``hex(json.dumps({}))`` = :data:`CPU_SYSTEM_HASH`.
+            ignored). Up to 2.14: with ``"device"`` and ``"version"`` (GPU) the hash is
+            ``hex(json.dumps({"device": ..., "version": ...}, sort_keys=True))``; with
+            neither (no GPU) ``hex(json.dumps({}))`` = :data:`CPU_SYSTEM_HASH`. From 2.15:
+            ``hex(json.dumps(<"version", "device", "device_interfaces" present>,
+            sort_keys=True))``.
+        torch_version: ``torch.__version__`` whose formula applies (for stored data, the
+            fingerprint's); ``None``: the installed torch's (see :mod:`cachedb.keys._versions`).
 
     Returns:
         64 lower-case hex characters.
 
     Raises:
-        BadInputError: ``system`` is not a mapping, has only one of ``"device"``/``"version"``,
-            or is not JSON-serializable.
+        BadInputError: ``system`` is not a mapping, is not JSON-serializable, or (up to 2.14)
+            has only one of ``"device"``/``"version"``.
     """
     if not isinstance(system, Mapping):
         raise BadInputError("system", f"not a mapping: {type(system).__name__}")
-    has_device, has_version = "device" in system, "version" in system
-    if has_device != has_version:
-        raise BadInputError("system", "has one of 'device'/'version' without the other")
-    hash_input: dict[str, Any] = (
-        {"device": system["device"], "version": system["version"]} if has_device else {}
-    )
+    if formula_version(torch_version) >= (2, 15):
+        hash_input: dict[str, Any] = {k: system[k] for k in _SYSTEM_HASH_FIELDS if k in system}
+    else:
+        has_device, has_version = "device" in system, "version" in system
+        if has_device != has_version:
+            raise BadInputError("system", "has one of 'device'/'version' without the other")
+        hash_input = {"device": system["device"], "version": system["version"]} if has_device else {}
     try:
         text = json.dumps(hash_input, sort_keys=True)
     except (TypeError, ValueError) as exc:
@@ -210,10 +240,21 @@ def system_info(
     triton_key: str | None,
     cuda_version: str | None = None,
     hip_version: str | None = None,
+    *,
+    device_interfaces: Mapping[str, Mapping[str, Any]] | None = None,
+    torch_version: str | None = None,
 ) -> dict[str, Any]:
     """The dict ``CacheBase.get_system()`` returns (and Inductor writes as ``"system"``).
 
-    Mirrors torch/_inductor/codecache.py: CacheBase.get_system.
+    Mirrors torch/_inductor/codecache.py: CacheBase.get_system, per torch release:
+
+    - 2.9 to 2.14: ``{"hash": CPU_SYSTEM_HASH}`` without a GPU, else ``{"device": {"name":
+      N}, "version": {"triton": T, "cuda": C} (or "hip"), "hash": H}``;
+    - 2.15: ``{"version": {"triton": T}, "hash": H}`` without a GPU (Triton's key is
+      recorded whether or not there is a GPU; ``None`` without Triton), else ``{"version":
+      {"triton": T, "cuda": C} (or "hip"), "device": {"name": N}, "hash": H}``; either with
+      ``"device_interfaces"`` before ``"hash"`` when a registered device interface reports
+      ``get_cache_system_info()`` (none of torch's own do).
 
     Args:
         device_name: ``torch.cuda.get_device_properties(...).name`` on CUDA,
@@ -222,25 +263,36 @@ def system_info(
         triton_key: ``codecache.triton_key()`` (``None`` without Triton).
         cuda_version: ``torch.version.cuda``; when not ``None`` it is recorded as ``"cuda"``.
         hip_version: ``torch.version.hip``, recorded as ``"hip"`` when ``cuda_version`` is None.
+        device_interfaces: 2.15: ``{backend name: get_cache_system_info()}`` of the available
+            device interfaces that returned a dict (empty or ``None``: none; ignored before 2.15).
+        torch_version: ``torch.__version__`` whose formula applies; ``None``: the installed
+            torch's (see :mod:`cachedb.keys._versions`).
 
     Returns:
-        ``{"hash": CPU_SYSTEM_HASH}`` when ``device_name`` is None, else
-        ``{"device": {"name": N}, "version": {"triton": T, "cuda": C} (or "hip"), "hash": H}``
-        with keys in torch's insertion order.
+        The dict, with keys in torch's insertion order.
 
     Raises:
         Nothing beyond :func:`system_hash`'s errors.
     """
-    if device_name is None:
-        return {"hash": CPU_SYSTEM_HASH}
-    device_info: dict[str, Any] = {"name": device_name}
     version_info: dict[str, Any] = {"triton": triton_key}
-    if cuda_version is not None:
-        version_info["cuda"] = cuda_version
-    else:
-        version_info["hip"] = hip_version
+    device_info: dict[str, Any] | None = None
+    if device_name is not None:
+        device_info = {"name": device_name}
+        if cuda_version is not None:
+            version_info["cuda"] = cuda_version
+        else:
+            version_info["hip"] = hip_version
+    if formula_version(torch_version) >= (2, 15):
+        hash_input: dict[str, Any] = {"version": version_info}
+        if device_info is not None:
+            hash_input["device"] = device_info
+        if device_interfaces:
+            hash_input["device_interfaces"] = {k: dict(v) for k, v in device_interfaces.items()}
+        return {**hash_input, "hash": system_hash(hash_input, torch_version="2.15")}
+    if device_info is None:
+        return {"hash": CPU_SYSTEM_HASH}
     hash_input = {"device": device_info, "version": version_info}
-    return {"device": device_info, "version": version_info, "hash": system_hash(hash_input)}
+    return {**hash_input, "hash": system_hash(hash_input, torch_version="2.14")}
 
 
 def persistent_cache_inputs_key(inputs: str, hint_override: int | None) -> str:

@@ -15,10 +15,13 @@ from collections.abc import Sequence
 
 from .._errors import BadInputError
 from ._common import _Hasher
+from ._versions import parse_torch_version
 
 
-# torch/_inductor/codecache.py: torch_key (get_code_hash's extra_files, relative to torch/_inductor)
+# torch/_inductor/codecache.py: torch_key (get_code_hash's extra_files, relative to
+# torch/_inductor), up to 2.13 and from 2.14 on.
 _TORCH_KEY_EXTRA_FILES = ("codegen/aoti_runtime/interface.cpp", "script.ld")
+_TORCH_KEY_EXTRA_FILES_2_14 = ("codegen/aoti_runtime/interface.cpp", "codegen/aoti_runtime/streams.h", "script.ld")
 
 
 def _loader_suffixes() -> list[str]:
@@ -161,10 +164,15 @@ def build_code_hash(
 def torch_key(torch_dir: str | os.PathLike[str], torch_version: str) -> bytes:
     """``torch_key()``: the digest of torch's version and Python sources, from a directory.
 
-    Mirrors torch/_inductor/codecache.py: torch_key (OSS branch, ``get_code_hash``):
-    ``sha256(torch_version ‖ build_code_hash([torch_dir], "") ‖ bytes of
-    _inductor/codegen/aoti_runtime/interface.cpp ‖ bytes of _inductor/script.ld)``, each
-    extra file only if it exists. fbcode builds read ``torch/src_hash.txt`` instead (not
+    Mirrors torch/_inductor/codecache.py: torch_key (OSS branch, ``get_code_hash``), per
+    torch release: ``sha256(torch_version ‖ build_code_hash([torch_dir], "") ‖ extra
+    files)``, each extra file (under ``_inductor/``) only if it exists:
+
+    - 2.9 to 2.13: ``codegen/aoti_runtime/interface.cpp``, ``script.ld``;
+    - 2.14 and 2.15: ``codegen/aoti_runtime/interface.cpp``, ``codegen/aoti_runtime/streams.h``,
+      ``script.ld``.
+
+    The release is ``torch_version``'s. fbcode builds read ``torch/src_hash.txt`` instead (not
     mirrored).
 
     Which files count as modules depends on the running interpreter's suffixes
@@ -174,17 +182,20 @@ def torch_key(torch_dir: str | os.PathLike[str], torch_version: str) -> bytes:
 
     Args:
         torch_dir: the installed ``torch`` package directory (``os.path.dirname(torch.__file__)``).
-        torch_version: ``torch.__version__`` exactly, e.g. ``"2.13.0+cpu"``.
+        torch_version: ``torch.__version__`` exactly, e.g. ``"2.13.0+cpu"``: hashed, and it
+            picks the release's extra files.
 
     Returns:
         32 bytes (a SHA-256 digest); torch writes it as ``.hex()`` or base64 in other keys.
 
     Raises:
         TypeError: ``torch_version`` is not a str.
-        BadInputError: ``torch_dir`` is not a directory, or see :func:`build_code_hash`.
+        BadInputError: ``torch_dir`` is not a directory, ``torch_version`` does not start
+            with ``MAJOR.MINOR``, or see :func:`build_code_hash`.
     """
     if not isinstance(torch_version, str):
         raise TypeError(f"torch_version must be a str, not {type(torch_version).__name__}")
+    extra_files = _TORCH_KEY_EXTRA_FILES_2_14 if parse_torch_version(torch_version) >= (2, 14) else _TORCH_KEY_EXTRA_FILES
     root = os.fspath(torch_dir)
     if not os.path.isdir(root):
         raise BadInputError(root, "not a directory (expected the installed torch package)")
@@ -192,7 +203,7 @@ def torch_key(torch_dir: str | os.PathLike[str], torch_version: str) -> bytes:
     hasher.update(torch_version.encode("utf-8"))
     build_code_hash([root], "", hasher)
     inductor_root = os.path.join(root, "_inductor")
-    for rel in _TORCH_KEY_EXTRA_FILES:
+    for rel in extra_files:
         path = os.path.join(inductor_root, rel)
         if os.path.exists(path):
             with open(path, "rb") as f:

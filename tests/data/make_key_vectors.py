@@ -1,13 +1,17 @@
-"""Write tests/data/key_vectors.json: frozen test vectors for cachedb.keys, computed by torch.
+"""Write tests/data/key_vectors/torch-<VERSION>.json: frozen test vectors for cachedb.keys,
+computed by the installed torch (any release from 2.9 on), one file per torch release.
 
-Run with the torch the vectors are for (2.13.0) installed:
+Run with the torch the vectors are for installed (Python 3.11: the ``installed`` torch_key
+depends on the interpreter's extension suffixes), e.g. in a ``.ci/compat`` environment:
 
-    python tests/data/make_key_vectors.py            # writes tests/data/key_vectors.json
+    python tests/data/make_key_vectors.py                  # writes key_vectors/torch-<VERSION>.json
+    python tests/data/make_key_vectors.py --out FILE       # writes FILE instead
+    python tests/data/make_key_vectors.py --compare FILE   # FILE equals the frozen file of its torch?
 
-The ``gpu`` section (``backend_hash``, a real GPU ``get_system()``) needs Triton and a GPU.
-On such a machine ``make_key_vectors.py --gpu-only gpu.json`` writes just that section;
-``make_key_vectors.py --gpu-from gpu.json`` then uses it here. Without either, the section
-already in key_vectors.json is kept.
+The ``gpu`` section (``backend_hash``, a real GPU ``get_system()``; a list, one entry per GPU
+measured) needs Triton and a GPU. On such a machine ``make_key_vectors.py --gpu-only gpu.json``
+writes one entry; ``make_key_vectors.py --gpu-from gpu.json`` then adds it here. Entries
+already in the output file are kept.
 
 Every expected value below comes from torch's own code, called on a fixed list of inputs:
 plain functions directly (``codecache.sha256_hash``, ``code_hash``, ``get_path``,
@@ -42,7 +46,17 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-OUT = Path(__file__).with_name("key_vectors.json")
+VECTORS_DIR = Path(__file__).with_name("key_vectors")
+
+
+def vectors_file(torch_version: str) -> Path:
+    """The frozen file of a torch release: ``torch.__version__`` without its local part."""
+    return VECTORS_DIR / f"torch-{torch_version.split('+')[0]}.json"
+
+
+def release(torch_version: str) -> tuple[int, int]:
+    major, minor = torch_version.split(".")[:2]
+    return int(major), int(minor)
 
 # Placeholder written instead of the temporary directories the stateful cases run in.
 BASE = "/CACHE"
@@ -113,6 +127,7 @@ TREES: list[dict[str, Any]] = [
     {"pkg/__init__.pyc": "sourceless package", "pkg/x.py": "x"},
     {"a.b.py": "dotted: skipped", ".hidden.py": "skipped", "ok.py": "ok", "empty_dir": None},
     {"_inductor/codegen/aoti_runtime/interface.cpp": "// iface\n", "_inductor/script.ld": "SECTIONS {}\n",
+     "_inductor/codegen/aoti_runtime/streams.h": "// streams (hashed from 2.14 on)\n",
      "_inductor/__init__.py": "", "_inductor/codecache.py": "cc", "__init__.py": "torch", "version.py": "v"},
 ]
 #: Trees torch refuses (its build_code_hash fails an assertion): a directory named like a
@@ -124,14 +139,61 @@ BAD_TREES: list[dict[str, Any]] = [
 ]
 
 
-def main(gpu_from: Path | None = None) -> None:
+def system_strategy_key(hash_input: dict[str, Any]) -> str:
+    """The system hash of torch's own code: 2.13+ ``SYSTEM_CACHE_KEY_STRATEGY.key_from_json``;
+    2.9 to 2.12 spell the same formula inline in ``CacheBase.get_system``."""
+    try:
+        from torch._inductor.cache_key import SYSTEM_CACHE_KEY_STRATEGY
+    except ImportError:
+        return hashlib.sha256(json.dumps(hash_input, sort_keys=True).encode("utf-8")).hexdigest()
+    return SYSTEM_CACHE_KEY_STRATEGY.key_from_json(hash_input)
+
+
+def cutlass_modules() -> tuple[Any, Any, Any, str]:
+    """(cache module, serialization module, utils module, config name of cutlass_dir): 2.11+
+    codegen/cutlass/{cache,serialization,utils}.py; 2.9/2.10 codegen/cuda/{cutlass_cache,
+    serialization,cutlass_utils}.py with ``config.cuda.cutlass_dir``."""
+    try:
+        from torch._inductor.codegen.cutlass import cache, serialization, utils
+
+        return cache, serialization, utils, "cutlass.cutlass_dir"
+    except ImportError:
+        from torch._inductor.codegen.cuda import cutlass_cache, cutlass_utils, serialization
+
+        return cutlass_cache, serialization, cutlass_utils, "cuda.cutlass_dir"
+
+
+def torch_key_extra_files(codecache: Any) -> list[str]:
+    """The ``extra_files`` tuple of this torch's ``torch_key`` (its source text, read as is)."""
+    import re
+
+    source = inspect.getsource(codecache)
+    body = source[source.index("def torch_key()"):]
+    body = body[:body.index("\ndef ", 1)]
+    match = re.search(r"extra_files = \(([^)]*)\)", body)
+    assert match is not None, "torch_key has no extra_files tuple"
+    return re.findall(r"\"([^\"]+)\"", match.group(1))
+
+
+def artifact_key(cache: Any, recorded: Any) -> str:
+    """The Mega-Cache key of the best config ``cache.save`` just recorded: 2.13+ keep it on
+    ``cache.artifact_recorder``; 2.9 to 2.12 record it in ``CacheArtifactManager``."""
+    recorder = getattr(cache, "artifact_recorder", None)
+    if recorder is not None:
+        return recorder.key
+    return recorded["autotune"][-1].key
+
+
+def main(out_path: Path | None = None, gpu_from: Path | None = None) -> None:
     import torch
     from torch._inductor import codecache, config
     from torch._inductor import utils as inductor_utils
-    from torch._inductor.cache_key import SYSTEM_CACHE_KEY_STRATEGY
-    from torch._inductor.codegen.cutlass import cache as cutlass_cache
-    from torch._inductor.codegen.cutlass import serialization as cutlass_serialization
-    from torch._inductor.codegen.cutlass import utils as cutlass_utils
+    from torch.compiler._cache import CacheArtifactManager
+
+    cutlass_cache, cutlass_serialization, cutlass_utils, cutlass_dir_key = cutlass_modules()
+    torch_release = release(str(torch.__version__))
+    out_path = out_path or vectors_file(str(torch.__version__))
+    extra_files = torch_key_extra_files(codecache)
     from torch._inductor.remote_cache import (
         RedisRemoteCache,
         RemoteAutotuneCache,
@@ -141,7 +203,6 @@ def main(gpu_from: Path | None = None) -> None:
     from torch._inductor.runtime import autotune_cache as ac
     from torch._inductor.runtime import triton_heuristics
     from torch._inductor.runtime.cache_dir_utils import cache_dir
-    from torch._inductor.runtime.caching import context as caching_context
 
     rng = random.Random(20260121)
     out: dict[str, Any] = {
@@ -157,8 +218,10 @@ def main(gpu_from: Path | None = None) -> None:
     # ---- sha256_hash, code_hash, get_hash ------------------------------------------------
     texts = strings(rng, 30)
     blobs = byte_strings(rng, 20)
+    # 2.9 to 2.12 hash bytes only (a str raises TypeError there): those cases are left out.
     out["sha256_hash"] = [
-        {"data": enc(d), "expected": codecache.sha256_hash(d)} for d in [*blobs, *texts[:10]]
+        {"data": enc(d), "expected": codecache.sha256_hash(d)}
+        for d in [*blobs, *texts[:10]] if isinstance(d, bytes) or torch_release >= (2, 13)
     ]
     code_cases: list[tuple[str | bytes, str | bytes | None]] = []
     for i, t in enumerate(texts):
@@ -173,14 +236,19 @@ def main(gpu_from: Path | None = None) -> None:
          "expected": codecache.code_hash(c) if e is None else codecache.code_hash(c, e)}
         for c, e in code_cases
     ]
-    xpu_format = inductor_utils.XPU_KERNEL_FORMAT
+    # 2.9/2.10 have no XPU binary kind (no XPU_KERNEL_FORMAT): "zebin" is refused there.
+    xpu_format = getattr(inductor_utils, "XPU_KERNEL_FORMAT", None)
     hash_cases: list[dict[str, Any]] = []
-    for hash_type in ["code", "ptx", "amdgcn", "spv", "cubin", "hsaco", xpu_format]:
+    for hash_type in ["code", "ptx", "amdgcn", "spv", "cubin", "hsaco", xpu_format or "zebin", "elf"]:
         for content, extra in [(texts[4], ""), (texts[5], texts[6]), (blobs[3], ""), (blobs[6], "ignored?")]:
             if isinstance(content, bytes) and hash_type in {"code", "ptx", "amdgcn", "spv"} and extra:
                 continue
+            try:
+                expected: str | None = codecache.get_hash(content, extra, hash_type)
+            except AssertionError:  # torch: "Unknown hash type"
+                expected = None
             hash_cases.append({"content": enc(content), "extra": enc(extra), "hash_type": hash_type,
-                               "expected": codecache.get_hash(content, extra, hash_type)})
+                               "expected": expected})
     out["get_hash"] = {"xpu_kernel_format": xpu_format, "cases": hash_cases}
 
     # ---- get_path (cache_dir() from TORCHINDUCTOR_CACHE_DIR) ------------------------------
@@ -227,15 +295,32 @@ def main(gpu_from: Path | None = None) -> None:
             version_info["cuda"] = cuda
         else:
             version_info["hip"] = hip
-        hash_input = {"device": device_info, "version": version_info}
+        # The dict CacheBase.get_system's GPU branch builds (2.15 puts "version" first); the
+        # hash is torch's strategy.
+        if torch_release >= (2, 15):
+            hash_input: dict[str, Any] = {"version": version_info, "device": device_info}
+        else:
+            hash_input = {"device": device_info, "version": version_info}
         system_cases.append({
             "args": [name, tk, cuda, hip],
-            # The dict CacheBase.get_system's GPU branch builds; the hash is torch's strategy.
-            "expected": {"device": device_info, "version": version_info,
-                         "hash": SYSTEM_CACHE_KEY_STRATEGY.key_from_json(hash_input)},
+            "expected": {**hash_input, "hash": system_strategy_key(hash_input)},
         })
     codecache.CacheBase.get_system.cache_clear()
-    out["system"] = {"this_machine": codecache.CacheBase.get_system(), "cases": system_cases}
+    this_machine = codecache.CacheBase.get_system()
+    # Without a GPU: get_system() itself, with triton_key() prepopulated (its prefetchable
+    # cache's set(), 2.13+) to other Triton keys.
+    cpu_cases = []
+    if hasattr(getattr(codecache, "triton_key", None), "set") and "device" not in this_machine:
+        real_triton_key = codecache.triton_key()
+        for tk in ["3.9.0" + "0" * 64, "k", "é漢"]:
+            codecache.triton_key.clear()
+            codecache.triton_key.set(tk)
+            codecache.CacheBase.get_system.cache_clear()
+            cpu_cases.append({"triton_key": tk, "expected": codecache.CacheBase.get_system()})
+        codecache.triton_key.clear()
+        codecache.triton_key.set(real_triton_key)
+        codecache.CacheBase.get_system.cache_clear()
+    out["system"] = {"this_machine": this_machine, "cases": system_cases, "cpu_cases": cpu_cases}
 
     # ---- PersistentCache keys (through PersistentCache.lookup, read back from the file) -----
     class Choice:  # PersistentCache only calls hash_key() on a choice
@@ -285,18 +370,18 @@ def main(gpu_from: Path | None = None) -> None:
                 tree_cases.append({"tree": tree, "prefix": prefix, "expected_hex": expected})
             if tree in BAD_TREES:
                 continue
-            with config.patch({"cutlass.cutlass_dir": str(root)}):
+            with config.patch({cutlass_dir_key: str(root)}):
                 codecache.cutlass_key.clear()
                 cutlass_cases.append({"tree": tree, "expected_hex": codecache.cutlass_key().hex()})
             codecache.cutlass_key.clear()
             # torch_key() only hashes the installed torch; for a synthetic tree run the body of
             # its get_code_hash (torch/_inductor/codecache.py: torch_key) around torch's own
             # build_code_hash:
-            for version in ["2.13.0", "2.13.0+cpu"]:
+            for version in [str(torch.__version__).split("+")[0], str(torch.__version__)]:
                 hasher = hashlib.sha256()
                 hasher.update(version.encode("utf-8"))
                 codecache.build_code_hash([str(root)], "", hasher)
-                for rel in ("codegen/aoti_runtime/interface.cpp", "script.ld"):
+                for rel in extra_files:
                     extra = os.path.join(root, "_inductor", rel)
                     if os.path.exists(extra):
                         with open(extra, "rb") as f:
@@ -313,7 +398,7 @@ def main(gpu_from: Path | None = None) -> None:
                                 {"same.py": "second", "only2.py": "2", "pkg/__init__.py": "p"}],
                       "expected_hex": h.hexdigest()}
     codecache.cutlass_key.clear()
-    with config.patch({"cutlass.cutlass_dir": "/nonexistent/cutlass"}):
+    with config.patch({cutlass_dir_key: "/nonexistent/cutlass"}):
         cutlass_cases.append({"tree": None, "expected_hex": codecache.cutlass_key().hex()})
     codecache.cutlass_key.clear()
     out["build_code_hash"] = {"cases": tree_cases, "multi_root": multi_root}
@@ -321,6 +406,7 @@ def main(gpu_from: Path | None = None) -> None:
     installed_key = codecache.torch_key()
     out["torch_key"] = {
         "installed": {"torch_version": str(torch.__version__), "expected_hex": installed_key.hex()},
+        "extra_files": extra_files,
         "synthetic": synthetic_torch,
     }
 
@@ -333,7 +419,7 @@ def main(gpu_from: Path | None = None) -> None:
             cdir = "/nonexistent/cutlass" if tree is None else os.path.join(tmp, "cutlass")
             if tree is not None:
                 materialize(Path(cdir), tree)
-            with config.patch({"cutlass.cutlass_dir": cdir}):
+            with config.patch({cutlass_dir_key: cdir}):
                 codecache.cutlass_key.clear()
                 ck = codecache.cutlass_key()
                 for arch, version, level in [("90", "12.8", "0"), ("100", "13.0", "2222"),
@@ -431,7 +517,9 @@ def main(gpu_from: Path | None = None) -> None:
                     cache = ac.AutotuneCache.create(meta, kernel_py, ch)
                     assert cache is not None and cache.local_cache and cache.remote_cache
                     DictBackend.store.clear()
-                    cache.save(configs[0], 1_234_000_000, found_by_coordesc=False)
+                    with CacheArtifactManager.with_fresh_cache():
+                        cache.save(configs[0], 1_234_000_000, found_by_coordesc=False)
+                        relative_key = artifact_key(cache, CacheArtifactManager._new_cache_artifacts)
                     (redis_key,) = DictBackend.store.keys()
                 local_path = cache.local_cache[1]
                 with open(local_path, "rb") as f:
@@ -445,7 +533,7 @@ def main(gpu_from: Path | None = None) -> None:
                     "expected": {
                         "prepare_key": cache.remote_cache[1],
                         "local_path": local_path.replace(base, BASE, 1),
-                        "relative_key": cache.artifact_recorder.key,
+                        "relative_key": relative_key,
                         "configs_hash": ch,
                         "remote_cache_id": cache.remote_cache_full_key,
                         "redis_key": redis_key,
@@ -522,20 +610,43 @@ def main(gpu_from: Path | None = None) -> None:
                                                         "runtime_version": False,
                                                         "accelerator_properties": False}},
     ]
-    isolation_cases = []
-    for schema in schemas:
-        ctx = caching_context._isolation_context(schema)
-        roundtrip = json.loads(json.dumps(ctx))
-        assert json.dumps(roundtrip, sort_keys=True) == json.dumps(ctx, sort_keys=True)
-        isolation_cases.append({"context": roundtrip, "expected": caching_context._isolation_key(schema)})
-    out["isolation_key"] = {
-        "cases": isolation_cases,
-        "torch_version_hash": {"torch_key_hex": installed_key.hex(),
-                               "expected": caching_context._CompileContext.torch_version_hash()},
-    }
+    # runtime/caching exists from 2.11 on (2.9/2.10 have no isolation key: section is None)
+    try:
+        from torch._inductor.runtime.caching import context as caching_context
+    except ImportError:
+        caching_context = None
+    if caching_context is not None:
+        isolation_cases = []
+        for schema in schemas:
+            ctx = caching_context._isolation_context(schema)
+            roundtrip = json.loads(json.dumps(ctx))
+            assert json.dumps(roundtrip, sort_keys=True) == json.dumps(ctx, sort_keys=True)
+            isolation_cases.append({"context": roundtrip, "expected": caching_context._isolation_key(schema)})
+        out["isolation_key"] = {
+            "cases": isolation_cases,
+            "torch_version_hash": {"torch_key_hex": installed_key.hex(),
+                                   "expected": caching_context._CompileContext.torch_version_hash()},
+        }
+    else:
+        out["isolation_key"] = None
 
-    # ---- CuTe-DSL kernel names (CuteDSLScheduling.define_kernel on a real GraphLowering) ------
-    from torch._inductor.codegen.cutedsl.cutedsl_scheduling import CuteDSLScheduling
+    out["cutedsl_kernel_name"] = cutedsl_cases(torch, config, texts)
+
+    # ---- GPU-only: backend_hash and a real get_system() -------------------------------------
+    out["gpu"] = gpu_section(torch, codecache, gpu_from, out_path)
+
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(json.dumps(out, indent=1, ensure_ascii=True, sort_keys=False) + "\n")
+    print(f"wrote {out_path} ({out_path.stat().st_size} bytes)")
+
+
+def cutedsl_cases(torch: Any, config: Any, texts: list[str]) -> list[dict[str, Any]] | None:
+    """CuTe-DSL kernel names (CuteDSLScheduling.define_kernel on a real GraphLowering); None
+    where this torch has no CuTe-DSL backend (2.9/2.10)."""
+    try:
+        from torch._inductor.codegen.cutedsl.cutedsl_scheduling import CuteDSLScheduling
+    except ImportError:
+        return None
     from torch._inductor.graph import GraphLowering
     from torch._inductor.utils import get_fused_kernel_name
     from torch._inductor.virtualized import V
@@ -563,13 +674,7 @@ def main(gpu_from: Path | None = None) -> None:
             fused = get_fused_kernel_name(schedule, descriptive) if descriptive else ""
             name = CuteDSLScheduling(None).define_kernel(src, schedule)
         cute_cases.append({"fused_name": fused, "src": src, "expected": name})
-    out["cutedsl_kernel_name"] = cute_cases
-
-    # ---- GPU-only: backend_hash and a real get_system() -------------------------------------
-    out["gpu"] = gpu_section(torch, codecache, gpu_from)
-
-    OUT.write_text(json.dumps(out, indent=1, ensure_ascii=True, sort_keys=False) + "\n")
-    print(f"wrote {OUT} ({OUT.stat().st_size} bytes)")
+    return cute_cases
 
 
 def measure_gpu(torch: Any, codecache: Any) -> dict[str, Any] | None:
@@ -580,7 +685,9 @@ def measure_gpu(torch: Any, codecache: Any) -> dict[str, Any] | None:
     if not (HAS_TRITON and torch.cuda.is_available()):
         return None
     import torch.utils._triton as tu
-    from torch._inductor.runtime.triton_compat import triton_key
+    from torch._inductor.codecache import CacheBase
+
+    triton_key = lambda: CacheBase.get_system()["version"]["triton"]  # noqa: E731
 
     backend = tu.triton_backend()
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
@@ -603,22 +710,59 @@ def measure_gpu(torch: Any, codecache: Any) -> dict[str, Any] | None:
     }
 
 
-def gpu_section(torch: Any, codecache: Any, gpu_from: Path | None) -> dict[str, Any] | None:
-    """The ``gpu`` section: measured here when this machine has Triton and a GPU; else read from
-    ``gpu_from`` (a file ``--gpu-only`` wrote on such a machine); else carried over from the
-    existing output file. Each records the torch version and device it was measured with."""
-    measured = measure_gpu(torch, codecache)
-    if measured is not None:
-        return measured
-    if gpu_from is not None:
-        return json.loads(gpu_from.read_text())
-    if OUT.exists():
-        return json.loads(OUT.read_text()).get("gpu")
-    return None
+def gpu_section(torch: Any, codecache: Any, gpu_from: Path | None, out_path: Path) -> list[dict[str, Any]] | None:
+    """The ``gpu`` section: a list of measurements, each on one GPU with this torch release.
+    Those already in the output file (or the frozen file of this torch) are kept; one measured
+    here (a machine with Triton and a GPU) or read from ``gpu_from`` (a file ``--gpu-only``
+    wrote on such a machine) is added, replacing one of the same device and torch."""
+    kept: list[dict[str, Any]] = []
+    for existing in (out_path, vectors_file(str(torch.__version__))):
+        if existing.exists():
+            section = json.loads(existing.read_text()).get("gpu")
+            kept = section if isinstance(section, list) else [section] if section else []
+            break
+    new = measure_gpu(torch, codecache)
+    if new is None and gpu_from is not None:
+        new = json.loads(gpu_from.read_text())
+    if new is not None:
+        kept = [g for g in kept if (g["device"], g["torch_version"]) != (new["device"], new["torch_version"])]
+        kept.append(new)
+    return kept or None
+
+
+#: Sections whose inputs hold file names with the interpreter's extension suffix (EXT).
+PYTHON_DEPENDENT = ("build_code_hash", "cutlass_key", "torch_key")
+#: Sections whose inputs are live process state (Inductor's configs, the environment):
+#: checked by the property tests, not compared here.
+STATE_DEPENDENT = ("isolation_key",)
+
+
+def compare(made: Path) -> int:
+    """Compare a file made here with the frozen file of its torch release: every section but
+    ``meta``, ``gpu`` and :data:`STATE_DEPENDENT` (and, when made on another Python, those of
+    :data:`PYTHON_DEPENDENT`)."""
+    new = json.loads(made.read_text())
+    frozen_path = vectors_file(new["meta"]["torch_version"])
+    if not frozen_path.exists():
+        print(f"no frozen vectors for torch {new['meta']['torch_version']} ({frozen_path} is missing)")
+        return 1
+    frozen = json.loads(frozen_path.read_text())
+    same_python = frozen["meta"]["extension_suffixes"] == new["meta"]["extension_suffixes"]
+    sections = [k for k in frozen if k not in ("meta", "gpu", *STATE_DEPENDENT)
+                and (same_python or k not in PYTHON_DEPENDENT)]
+    differing = [k for k in sections if frozen.get(k) != new.get(k)]
+    differing += [k for k in new if k not in frozen]
+    if differing:
+        print(f"{frozen_path.name}: sections differ from this torch's: {', '.join(differing)}")
+        return 1
+    skipped = "" if same_python else f" ({', '.join(PYTHON_DEPENDENT)} skipped: made on Python {frozen['meta']['python']})"
+    print(f"{len(sections)} sections equal {frozen_path.name}{skipped}")
+    return 0
 
 
 if __name__ == "__main__":
-    # usage: make_key_vectors.py [--gpu-from FILE]   write key_vectors.json
+    # usage: make_key_vectors.py [--out FILE] [--gpu-from FILE]   write the vectors
+    #        make_key_vectors.py --compare FILE                   FILE against the frozen file
     #        make_key_vectors.py --gpu-only FILE     (GPU + Triton machine) write the gpu section only
     args = sys.argv[1:]
     if args[:1] == ["--gpu-only"] and len(args) == 2:
@@ -630,9 +774,11 @@ if __name__ == "__main__":
             sys.exit("--gpu-only needs Triton and a GPU")
         Path(args[1]).write_text(json.dumps(section, indent=1) + "\n")
         print(json.dumps({k: v for k, v in section.items() if k != "sources"}, indent=1))
-    elif args[:1] == ["--gpu-from"] and len(args) == 2:
-        main(Path(args[1]))
-    elif not args:
-        main()
+    elif args[:1] == ["--compare"] and len(args) == 2:
+        sys.exit(compare(Path(args[1])))
     else:
-        sys.exit(__doc__)
+        options = dict(zip(args[::2], args[1::2]))
+        if len(args) % 2 or set(options) - {"--out", "--gpu-from"}:
+            sys.exit(__doc__)
+        main(Path(options["--out"]) if "--out" in options else None,
+             Path(options["--gpu-from"]) if "--gpu-from" in options else None)
