@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -18,8 +19,18 @@ from typing import Any
 from .._errors import BadInputError
 from ..keys import persistent_cache_inputs_key, split_inputs_key
 
-#: ``torch.get_float32_matmul_precision()`` values, the third level of a timings entry.
+#: The third level of a timings entry, torch 2.9 to 2.14: ``torch.get_float32_matmul_precision()``
+#: (torch/_inductor/codecache.py: PersistentCache.lookup).
 PRECISIONS = frozenset({"highest", "high", "medium"})
+#: The same level from torch 2.15 on: torch/_inductor/utils.py: fp32_matmul_precision_key,
+#: ``f"cuda:{p},mkldnn:{p}"`` with each ``p`` a per-backend fp32 precision (``"none"``,
+#: ``"ieee"``, ``"tf32"``, ``"bf16"``).
+PRECISION_KEY_2_15 = re.compile(r"cuda:[a-z0-9]+,mkldnn:[a-z0-9]+")
+
+
+def is_precision(text: Any) -> bool:
+    """Whether ``text`` is a precision key some torch release (2.9 to 2.15) writes."""
+    return isinstance(text, str) and (text in PRECISIONS or PRECISION_KEY_2_15.fullmatch(text) is not None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +71,7 @@ def _is_timings_op(entry: Any) -> bool:
         if not isinstance(per_inputs, dict) or not per_inputs:
             return False
         for precision, per_choice in per_inputs.items():
-            if precision not in PRECISIONS or not isinstance(per_choice, dict) or not per_choice:
+            if not is_precision(precision) or not isinstance(per_choice, dict) or not per_choice:
                 return False
             if not all(_is_timing(t) for t in per_choice.values()):
                 return False
