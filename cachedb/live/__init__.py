@@ -26,6 +26,7 @@ from typing import Any
 
 from ..store.engine import default_location, to_url
 from .._errors import TorchUnavailableError
+from ..keys._versions import untested_torch_warning
 from . import _autoload, _seams
 from ._remote import ENV_REMOTE_TIMEOUT, ENV_REMOTE_URL, DEFAULT_REMOTE_TIMEOUT_S, RemoteTier
 from ._seams import SeamMissingError
@@ -201,10 +202,25 @@ class _Settings:
                          write_behind=self.write_behind)
 
 
+_warned_untested_torch = False
+
+
+def _warn_if_untested_torch() -> None:
+    """One warning per process where the torch in use is outside the releases cachedb's keys
+    and seams were checked against (docs/compatibility.md); cachedb runs on regardless."""
+    global _warned_untested_torch
+    version = getattr(sys.modules.get("torch"), "__version__", None)
+    warning = untested_torch_warning(str(version)) if version is not None else None
+    if warning is not None and not _warned_untested_torch:
+        _warned_untested_torch = True
+        log.warning("cachedb: %s", warning)
+
+
 def _start(store: LiveStore, patches: list[_seams._Patch], settings: _Settings, *, has_triton: bool) -> None:
     """Make ``store`` (with ``patches`` applied) the active one: the environment for child
     processes, the exit hook, the database opened. Called with ``_lock`` held."""
     global _active
+    _warn_if_untested_torch()
     previous = {
         k: os.environ.get(k)
         for k in ("CACHEDB_PATH", "CACHEDB_URL", ENV_ENABLE, "PYTHONPATH", ENV_TRITON_MANAGER,
