@@ -27,6 +27,7 @@ from .repositories import (
     AutotuneTimingRepository,
     BestConfigRepository,
     CutlassOpListRepository,
+    DynamoRepository,
     FingerprintRepository,
     GuardedEntryRepository,
     KernelArtifactRepository,
@@ -143,6 +144,15 @@ class Repos:
     @property
     def artifacts(self) -> KernelArtifactRepository:
         return KernelArtifactRepository(self.bind)
+
+    @property
+    def pgo(self) -> DynamoRepository:
+        """Dynamo's PGO profiles (:mod:`cachedb.repositories.dynamo`)."""
+        return DynamoRepository(self.bind, "pgo", self.signer)
+
+    def dynamo(self, kind: str) -> DynamoRepository:
+        """The repository of one of Dynamo's caches by its Mega-Cache type (``pgo``, ...)."""
+        return DynamoRepository(self.bind, kind, self.signer)
 
 
 class CacheDB:

@@ -282,19 +282,21 @@ def test_import_keeps_every_chunk_and_skips_other_types(db: CacheDB) -> None:
     assert [a.key for a in CacheArtifactManager.deserialize(two_chunks)["inductor"]] == ["fb" + "b" * 51]
     report = import_artifacts(db, data)
     assert report.artifacts == {"inductor": 3, "pgo": 1, "no_such_type": 1, "autotune": 1}
-    assert report.added == {"fxgraph": 3, "best_config": 1} and report.problems == []
-    assert report.skipped == {"pgo": 1, "no_such_type": 1}
-    assert {n.path for n in report.notes} == {"pgo", "no_such_type"}
+    assert report.added == {"fxgraph": 3, "best_config": 1, "pgo_profile": 1} and report.problems == []
+    assert report.skipped == {"no_such_type": 1}
+    assert {n.path for n in report.notes} == {"no_such_type"}
     with db.read() as repos:
         variants = repos.guarded.candidates("fxgraph", "fa" + "a" * 51)
         assert len(variants) == 2
         guards = set(repos.session.execute(text("SELECT guards_expr FROM guarded_entries")).scalars())
         assert guards == {None, "2 <= L['t0']"}
+        # a PGO profile is kept under its file name's key, its pickle as it came (never loaded)
+        assert repos.pgo.get("mast_x") == b"\x00pgo"
     # Export writes both variants of the key back; torch reads the blob.
     from cachedb.layout.mega_cache import build_artifacts
 
     exported = build_artifacts(db)
-    assert exported.counts == {"inductor": 3, "autotune": 1}
+    assert exported.counts == {"inductor": 3, "autotune": 1, "pgo": 1}
     back = CacheArtifactManager.deserialize(exported.data)
     assert sorted(a.key for a in back["inductor"]) == ["fa" + "a" * 51] * 2 + ["fb" + "b" * 51]
     assert back["autotune"][0].content == b'{"XBLOCK": 128, "num_warps": 4}'

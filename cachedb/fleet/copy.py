@@ -37,13 +37,14 @@ table                       natural key                                         
 ``best_configs``            ``key``                                               the newer ``updated_at`` wins
 ``cutlass_op_lists``        ``request_key`` (with its ``cutlass_ops``)            DST's list is kept
 ``quarantined_entries``     ``(kind, key, variant, checksum, quarantined_at)``    DST's row is kept
+``pgo_profiles``            ``key``                                               the newer ``updated_at`` wins
 ==========================  ====================================================  ==========================
 
-Best configs (and LocalCache values) cannot keep both rows, their key being unique: the one
-with the newer ``updated_at`` is stored and served, the older one is dropped (a tie keeps
-DST's); the summary counts replaced DST rows as ``replaced`` and dropped SRC rows as
-``skipped``. A CUTLASS request key names the generator's inputs, so two lists under one key
-are the same list; DST's stays.
+Best configs (and LocalCache values, and Dynamo's PGO profiles) cannot keep both rows, their
+key being unique: the one with the newer ``updated_at`` is stored and served, the older one is
+dropped (a tie keeps DST's); the summary counts replaced DST rows as ``replaced`` and dropped
+SRC rows as ``skipped``. A CUTLASS request key names the generator's inputs, so two lists under
+one key are the same list; DST's stays.
 
 Timings and LocalCache values share a document position (the order Inductor's JSON document
 is written back in). ``copy`` keeps the positions; ``merge`` shifts the positions of the rows
@@ -62,10 +63,11 @@ lacks count as empty, and columns it lacks get what the migration would give the
 checked with ``PRAGMA quick_check`` before anything is written; a damaged one is refused
 (:class:`DamagedSourceError`, pointing at ``cachedb recover``).
 
-With ``require_signed``, every FX graph / AOTAutograd entry and best config of every SRC must
-carry a signature that verifies under the signer's key (``CACHEDB_HMAC_KEY``) before anything
-is written; otherwise :class:`UnsignedInputError`. Timings, LocalCache values, CUTLASS lists
-and kernel files are not signed by cachedb (kernel blobs are content-addressed by SHA-256).
+With ``require_signed``, every FX graph / AOTAutograd entry, best config and row of Dynamo's
+caches of every SRC must carry a signature that verifies under the signer's key
+(``CACHEDB_HMAC_KEY``) before anything is written; otherwise :class:`UnsignedInputError`.
+Timings, LocalCache values, CUTLASS lists and kernel files are not signed by cachedb (kernel
+blobs are content-addressed by SHA-256).
 """
 
 from __future__ import annotations
@@ -115,7 +117,7 @@ from .._errors import CacheDBError, CopyError, CorruptPayloadError, DatabaseOpen
 from ..store.payload import repacked_guarded
 from ..store.signing import Signer
 from ..db import CacheDB
-from ..store.tables import AUTOTUNE_TIMINGS, NATURAL_KEY_COLUMNS, NEWEST_WINS_COMPARED, metadata
+from ..store.tables import AUTOTUNE_TIMINGS, DYNAMO_TABLES, NATURAL_KEY_COLUMNS, NEWEST_WINS_COMPARED, metadata
 from ..repositories import timings as timings_repo
 
 log = logging.getLogger("cachedb")
@@ -132,6 +134,7 @@ TABLES = (
     "cutlass_op_lists",
     "cutlass_ops",
     "quarantined_entries",
+    "pgo_profiles",
 )
 
 #: The table an unfinished ``copy`` leaves in DST: one row naming SRC (dropped at the end).
@@ -512,6 +515,18 @@ def _check_signed(src: _Source, conn: Connection, signer: Signer, target: str) -
             else:
                 continue
             first = first or key
+    for kind, table in DYNAMO_TABLES.items():
+        if not src.has(table):
+            continue
+        d = _T[table]
+        for key, checksum, signature in conn.execute(select(d.c.key, d.c.checksum, d.c.signature).order_by(d.c.id)):
+            if signature is None:
+                unsigned += 1
+            elif not signer.verify(signature, "dynamo", kind, key, checksum):
+                foreign += 1
+            else:
+                continue
+            first = first or f"{kind}/{key}"
     if unsigned or foreign:
         raise UnsignedInputError(
             f"{src.where}: {unsigned} unsigned and {foreign} foreign-signed entries (first: {first}); "
@@ -836,6 +851,12 @@ class _Transfer:
         )
         self._cutlass()
         self._keyed("quarantined_entries", _natural("quarantined_entries"), lambda v: v)
+        for table in DYNAMO_TABLES.values():  # Dynamo's caches: one pickle per key, the newer wins
+            self._newest_wins(
+                table, ("key",), self._fp_or_none, lambda m, row: m["checksum"] == row.checksum,
+                ("payload", "size_bytes", "checksum", "signature", "fingerprint_id", "updated_at",
+                 "last_used_at", "hit_count"),
+            )
 
     def _timings(self) -> None:
         """Timings, read flat (the view, or an older revision's table) and written through

@@ -12,7 +12,8 @@ writes them into another in the caller's transaction, by the rules of ``cachedb 
 - rows are matched by natural key, never by id: what DST already holds is kept (guarded
   entries by variant, kernel files by ``(kind, host_key, key, name)``, CUTLASS op lists by
   request key, timings by their whole benchmark, ``recorded_at`` included: history);
-- best configs and LocalCache values: the newer ``updated_at`` wins;
+- best configs, LocalCache values and Dynamo's caches (PGO profiles, ...): the newer
+  ``updated_at`` wins;
 - fingerprints are unified by ``fingerprint_key``, kernel blobs by ``sha256`` (a blob DST has
   is never sent again: :func:`missing_blobs` asks first).
 
@@ -37,7 +38,7 @@ from ..store.bulk import bulk_insert
 from ..store.bulk import utc as _utc
 from .._errors import CorruptPayloadError
 from ..store.payload import repacked_guarded
-from ..store.tables import AUTOTUNE_TIMINGS, NATURAL_KEY_COLUMNS, NEWEST_WINS_COMPARED, metadata
+from ..store.tables import AUTOTUNE_TIMINGS, DYNAMO_TABLES, NATURAL_KEY_COLUMNS, NEWEST_WINS_COMPARED, metadata
 from ..repositories import timings as timings_repo
 from ..repositories.timings import next_position
 
@@ -59,6 +60,8 @@ KINDS = {
     "best_config": ("best_configs", ("key",)),
     "cutlass": ("cutlass_op_lists", ("request_key",)),
     "kernel": ("kernel_artifacts", ("kind", "host_key", "key")),
+    # Dynamo's caches, by Mega-Cache type (cachedb.store.tables.DYNAMO_TABLES)
+    **{kind: (table, ("key",)) for kind, table in DYNAMO_TABLES.items()},
 }
 
 
@@ -107,6 +110,13 @@ def best_config(key: str) -> Entry:
 def cutlass(request_key: str) -> Entry:
     """One CUTLASS op list with its ops."""
     return Entry("cutlass", (request_key,))
+
+
+def dynamo(kind: str, key: str) -> Entry:
+    """One of Dynamo's caches (``kind``: its Mega-Cache type, ``pgo``, ...): the row of ``key``."""
+    if kind not in DYNAMO_TABLES:
+        raise ValueError(f"unknown Dynamo cache kind {kind!r}")
+    return Entry(kind, (key,))
 
 
 def kernel(kind: str, host_key: str, key: str) -> Entry:
@@ -373,6 +383,7 @@ __all__ = [
     "KINDS",
     "best_config",
     "cutlass",
+    "dynamo",
     "fetch",
     "fetch_blobs",
     "guarded",

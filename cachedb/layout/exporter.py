@@ -6,6 +6,8 @@ whole files (plus dot-temporaries that Inductor skips). The bytes written are ex
 imported: pickles and op lists are stored verbatim, best configs as their JSON text, and
 ``cache/<system hash>`` documents are rebuilt in their original key order.
 
+Dynamo's caches: PGO profiles go to ``dynamo/code_state_<key>.pkl``, their pickles as stored.
+
 Kernels: Triton's key directories go to ``triton/0/<key>/`` (the key does not depend on the
 device index), their group files' child paths pointing into the exported directory (so an
 export to the directory that was imported gives back its bytes, and an export elsewhere is a
@@ -27,6 +29,9 @@ from .._errors import ExportError
 from ..store.files import write_atomic
 from ..formats.triton_layout import EXPORT_DIR, GROUP_PREFIX, relocate_group
 from ..db import CacheDB
+from ..repositories.dynamo import KINDS as DYNAMO_KINDS
+from ..repositories.dynamo import LABELS as _DYNAMO_LABELS
+from ..repositories.dynamo import file_of
 
 
 @dataclass
@@ -119,6 +124,11 @@ def _export(db: CacheDB, target: str | os.PathLike[str], *, prefer_host: str | N
 
         for request_key, data in repos.cutlass.iter_all():
             put("cutlass_op_list", f"configs_{request_key}.json", data)
+
+        for kind in DYNAMO_KINDS:
+            label = _DYNAMO_LABELS[kind]
+            for key, data, _ in repos.dynamo(kind).iter_all():
+                put(label, file_of(kind, key), data)
 
         triton_dir = resolved_root / EXPORT_DIR
         chosen = repos.artifacts.cpp_hosts(prefer_host)

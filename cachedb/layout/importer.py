@@ -11,6 +11,8 @@ cache_dir_utils.py):
 - ``cache/<system hash>``: autotune timings and LocalCache values.
 - every ``*.best_config``: autotune best configs, keyed by their relative path.
 - ``configs_<request key>.json``: CUTLASS op lists.
+- ``dynamo/code_state_<key>.pkl``: Dynamo's PGO profiles (stored as they are, never unpickled;
+  of a stored profile and a file of one key, the one modified later wins).
 - ``triton/<device>/<key>/<file>``: Triton's kernel cache (every file of every key directory,
   group files included).
 - ``<k[1:3]>/<k>*.so``: C++ kernel libraries (``CppCodeCache``). Their host key
@@ -25,6 +27,7 @@ Re-importing is idempotent.
 
 from __future__ import annotations
 
+import datetime as dt
 import gc
 import hashlib
 import os
@@ -49,6 +52,7 @@ from ..store.payload import guarded_level, pack
 from ..formats.pickle_scan import EntryFields, read_entry_fields
 from ..keys import sha256_digest_name
 from ..repositories.best_configs import prepare_columns
+from ..repositories.dynamo import PGO_FILE
 from ..repositories.guarded import ScannedPayload
 from ..repositories.timings import next_position
 
@@ -57,7 +61,7 @@ __all__ = ["KINDS", "ImportReport", "Importer", "Problem", "scan"]
 #: Kinds of files, as counted in reports.
 KINDS = (
     "fxgraph", "aotautograd", "autotune_timings", "local_cache_values", "best_config", "cutlass_op_list",
-    "triton_kernel_file", "cpp_kernel",
+    "triton_kernel_file", "cpp_kernel", "pgo_profile",
 )
 
 #: Guarded entry files from which an import checks them in worker processes
@@ -489,6 +493,24 @@ class Importer:
             rows = parse_op_list(data, where=item.rel)
             added = repos.cutlass.put(match.group(1), data, rows, arch=infer_arch(rows))
             (report.added if added else report.unchanged)["cutlass_op_list"] += 1
+        elif item.kind == "pgo":
+            pgo = PGO_FILE.fullmatch(item.rel.rsplit("/", 1)[-1])
+            assert pgo is not None
+            self._import_dynamo(repos, "pgo", pgo.group(1), item, data, fp_id, report, "pgo_profile")
+
+    @staticmethod
+    def _import_dynamo(
+        repos: Repos, kind: str, key: str, item: Item, data: bytes, fp_id: int | None, report: ImportReport,
+        label: str,
+    ) -> None:
+        """One of Dynamo's caches (:mod:`cachedb.repositories.dynamo`), as written at its file's
+        modification time: it replaces a stored row of its key only if it is newer."""
+        try:
+            mtime = dt.datetime.fromtimestamp(os.stat(item.full).st_mtime, dt.timezone.utc)
+        except OSError:
+            mtime = None
+        added = repos.dynamo(kind).put(key, data, fingerprint_id=fp_id, updated_at=mtime)
+        (report.added if added else report.unchanged)[label] += 1
 
     def _import_local_cache(self, repos: Repos, item: Item, data: bytes, report: ImportReport) -> None:
         system, cache = doc.parse(data, where=item.rel)

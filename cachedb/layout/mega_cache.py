@@ -15,7 +15,10 @@ Mega-Cache type     key, content                             cachedb
 ``inductor``        FX graph key, pickled ``CompiledFxGraph``  ``guarded_entries`` kind fxgraph
 ``aot_autograd``    AOTAutograd key, pickled entry           ``guarded_entries`` kind aotautograd
 ``autotune``        ``"<k[1:3]>/<name>.best_config"``, JSON   ``best_configs``
-``pgo``, ``precompile``, others                              counted and skipped (not stored)
+``pgo``             PGO cache key, pickled code state        ``pgo_profiles`` (key: its file
+                                                             name's, :func:`~cachedb.repositories.
+                                                             dynamo.pgo_key`)
+others                                                       counted and skipped (not stored)
 ==================  =======================================  ==================================
 
 Reading differs from ``CacheArtifactManager.deserialize`` in three ways, all on purpose:
@@ -28,7 +31,10 @@ Reading differs from ``CacheArtifactManager.deserialize`` in three ways, all on 
 - an artifact type torch does not register is skipped with a note instead of failing the blob.
 
 Pickles are never executed: ``guards_expr`` and the compile time of FX / AOTAutograd entries are
-read from the opcode stream (:func:`cachedb.formats.pickle_scan.read_entry_fields`).
+read from the opcode stream (:func:`cachedb.formats.pickle_scan.read_entry_fields`); Dynamo's
+pickles (PGO profiles) are stored as they are. Two ``pgo`` artifacts of one key (a blob saved
+after the profile changed holds both): the later one in the blob wins, as torch's
+``load_cache_artifacts`` writes one after the other.
 """
 
 from __future__ import annotations
@@ -42,6 +48,8 @@ from typing import Any
 from .._errors import input_error_reason, BadInputError, CacheDBError, TorchUnavailableError
 from ..db import CacheDB, Repos
 from ..fingerprint import Fingerprint
+from ..repositories.dynamo import KINDS as DYNAMO_KINDS
+from ..repositories.dynamo import pgo_key
 from .importer import Problem
 
 __all__ = [
@@ -55,9 +63,9 @@ __all__ = [
 ]
 
 #: Mega-Cache artifact type -> cachedb kind, for the types cachedb stores.
-KIND_OF_TYPE = {"inductor": "fxgraph", "aot_autograd": "aotautograd", "autotune": "best_config"}
+KIND_OF_TYPE = {"inductor": "fxgraph", "aot_autograd": "aotautograd", "autotune": "best_config", "pgo": "pgo_profile"}
 #: The order types are written in (torch writes them in the order of first record).
-_EXPORT_ORDER = ("inductor", "aot_autograd", "autotune")
+_EXPORT_ORDER = ("inductor", "aot_autograd", "autotune", "pgo")
 
 #: FX / AOTAutograd keys: ``"f"``/``"a"`` + a hash; one path component when exported.
 _GUARDED_KEY = {"inductor": re.compile(r"f[A-Za-z0-9_\-]+"), "aot_autograd": re.compile(r"a[A-Za-z0-9_\-]+")}
@@ -71,8 +79,8 @@ class ArtifactImportReport:
 
     ``artifacts[type]`` counts the artifacts of each Mega-Cache type in the blob;
     ``added[kind]`` / ``unchanged[kind]`` the stored ones per cachedb kind (``fxgraph``,
-    ``aotautograd``, ``best_config``); ``skipped[type]`` the artifacts of types cachedb does
-    not store (``pgo``, ``precompile``, unknown). ``problems``: artifacts that were not stored
+    ``aotautograd``, ``best_config``, ``pgo_profile``); ``skipped[type]`` the artifacts of types
+    cachedb does not store (unknown ones). ``problems``: artifacts that were not stored
     (bad pickle, bad key, ...), the rest was; ``notes``: what was skipped and why.
     """
 
@@ -114,7 +122,8 @@ def _torch_cache() -> tuple[Any, Any]:
 
 def build_artifacts(db: CacheDB) -> ArtifactExport:
     """A Mega-Cache blob of every FX graph entry (type ``inductor``), AOTAutograd entry
-    (``aot_autograd``) and best config (``autotune``) in ``db``.
+    (``aot_autograd``), best config (``autotune``) and PGO profile (``pgo``, keyed by its file
+    name's key: torch's ``populate_cache`` writes it to the same file) in ``db``.
 
     Every stored variant of a key becomes one artifact (torch's own blobs hold several
     artifacts per key too: ``CacheArtifactManager.record_artifact`` dedups on key *and*
@@ -141,6 +150,9 @@ def build_artifacts(db: CacheDB) -> ArtifactExport:
                 left_out.append(Problem(key, "best config key is not '<k[1:3]>/<name>.best_config'"))
                 continue
             chunks["autotune"].append(create("autotune", key, content.encode("utf-8")))
+        for kind in DYNAMO_KINDS:  # Dynamo's caches, keyed as their files are named
+            for key, content, _ in repos.dynamo(kind).iter_all():
+                chunks[kind].append(create(kind, key, content))
     items = [(t, arts) for t, arts in chunks.items() if arts]
     serializer = abs_mod.AppendingByteSerializer(serialize_fn=cache_mod._serialize_single_cache)
     serializer.extend(items)
@@ -258,6 +270,9 @@ def _store_one(repos: Repos, type_: str, key: str, content: bytes, fp_id: int | 
         except UnicodeDecodeError as exc:
             raise BadInputError(where, f"not UTF-8 text: {exc}") from None
         added = repos.best_configs.put(key, text, fingerprint_id=fp_id)
+    elif type_ in DYNAMO_KINDS:
+        stored = pgo_key(key) if type_ == "pgo" else key
+        added = repos.dynamo(type_).put(stored, content, fingerprint_id=fp_id)
     else:
         if not _GUARDED_KEY[type_].fullmatch(key):
             raise BadInputError(where, f"unexpected key: expected {_GUARDED_KEY[type_].pattern}")
@@ -272,9 +287,9 @@ def import_artifacts(
     where: str = "<blob>",
     fingerprint: Fingerprint | None = None,
 ) -> ArtifactImportReport:
-    """Store the FX graph, AOTAutograd and best-config artifacts of a Mega-Cache blob in ``db``
-    (one transaction). Re-importing is idempotent. Artifacts of other types (``pgo``,
-    ``precompile``, unregistered ones) are counted in ``skipped`` with a note; an artifact that
+    """Store the FX graph, AOTAutograd, best-config and PGO artifacts of a Mega-Cache blob in
+    ``db`` (one transaction). Re-importing is idempotent. Artifacts of other types (unregistered
+    ones) are counted in ``skipped`` with a note; an artifact that
     cannot be stored (a bad pickle, a key that is not a cache key) is listed in ``problems``
     and the others are stored. ``fingerprint``, when given, is attributed to every entry.
 
@@ -306,7 +321,7 @@ def import_artifacts(
     for type_, n in skipped_types.items():
         report.notes.append(
             Problem(type_, f"{n} artifact(s) of Mega-Cache type {type_!r} skipped: cachedb stores "
-                    "only inductor, aot_autograd and autotune artifacts")
+                    f"only {', '.join(KIND_OF_TYPE)} artifacts")
         )
     return report
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .._errors import NotAnInductorCacheError
+from ..repositories.dynamo import PGO_FILE
 
 __all__ = ["BATCH_BYTES", "BATCH_FILES", "CUTLASS_FILE", "GUARDED_KINDS", "Item", "Problem", "Scanner",
            "bytes_of", "scan"]
@@ -40,7 +41,7 @@ class Item:
     """A file an import reads: its kind, path, path relative to the cache directory, and size
     (bytes, from its stat)."""
 
-    kind: str  # "fxgraph" | "aotautograd" | "cache" | "best_config" | "cutlass" | "triton" | "cpp"
+    kind: str  # "fxgraph" | "aotautograd" | "cache" | "best_config" | "cutlass" | "triton" | "cpp" | "pgo"
     full: str  # the file's path (str: pathlib's parsing costs more than reading a small file)
     rel: str
     size: int
@@ -130,6 +131,13 @@ def _classify(root: str, scanner: Scanner) -> Iterator[Item]:
                 yield Item("cache", path, rel, size)
             else:
                 scanner.problems.append(Problem(rel, "unexpected name: expected cache/<64-hex system hash>"))
+        elif top == "dynamo":
+            # dynamo/code_state_<key>.pkl (PGO; its .lock and .tmp beside it are not)
+            if len(parts) == 2 and PGO_FILE.fullmatch(name):
+                scanner.looks_like_cache = True
+                yield Item("pgo", path, rel, size)
+            else:
+                scanner.ignored += 1
         elif name.endswith(".best_config"):
             scanner.looks_like_cache = True
             yield Item("best_config", path, rel, size)
@@ -203,7 +211,7 @@ class Scanner:
         if not self.looks_like_cache:
             raise NotAnInductorCacheError(
                 f"{self.cache_dir}: not an Inductor cache directory (no fxgraph/, aotautograd/, cache/, "
-                "triton/, *.best_config or configs_*.json)"
+                "triton/, dynamo/, *.best_config or configs_*.json)"
             )
 
     def batches(self) -> Iterator[list[Item]]:

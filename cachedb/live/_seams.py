@@ -21,6 +21,9 @@ set by :func:`cachedb.install`; checked when Triton is
 installed)
 ``CachingAutotuner.recheck_autotune_cache`` (when       ``best_configs`` (no re-tuning of stored
 Triton is installed; not with ``retune=True``)          winners, :mod:`cachedb.live._autotune`)
+``torch._dynamo.pgo``: ``get_local_code_state``,        ``pgo_profiles`` (:mod:`cachedb.live._pgo`;
+``put_local_code_state``,                               the remote PGO halves stay torch's)
+``PGOCacheArtifact.populate_cache`` (Mega-Cache)
 =====================================================  ==========================================
 
 All of them or none: :func:`build` (``cachedb.install``) raises :class:`SeamMissingError`
@@ -46,6 +49,7 @@ from typing import Any
 
 from .._errors import CacheDBError
 from ._autoload import spec_from_others
+from . import _pgo
 from ._cpp_cache import wrap_build, wrap_worker_compile_cpp
 from ._store import LazyLocalCache, LiveStore
 
@@ -57,6 +61,8 @@ CODECACHE, AOT_CACHE, AUTOTUNE_CACHE, CPP_BUILDER = (
     "torch._inductor.runtime.autotune_cache", "torch._inductor.cpp_builder",
 )
 TRITON_HEURISTICS = "torch._inductor.runtime.triton_heuristics"
+#: Dynamo's PGO module (:mod:`cachedb.live._pgo`).
+PGO = _pgo.MODULE
 
 #: Where ``maybe_fetch_ops`` lives: torch >= 2.11, then 2.9/2.10.
 _CUTLASS_MODULES = (
@@ -441,6 +447,14 @@ def triton_available() -> bool:
     return True
 
 
+def _pgo_seams(store: LiveStore) -> list[_Patch]:
+    pgo = _require(PGO)
+    try:
+        return [_Patch(owner, name, new) for owner, name, new in _pgo.patches(store, pgo)]
+    except AttributeError as exc:
+        raise SeamMissingError(f"torch seam missing: {exc}") from exc
+
+
 def _autotune_seams() -> list[_Patch]:
     from . import _autotune
 
@@ -464,6 +478,8 @@ def module_patches(name: str, store: LiveStore, *, retune: bool = False) -> list
         return _best_config_seams(store)
     if name == CPP_BUILDER:
         return _cpp_builder_seam()
+    if name == PGO:
+        return _pgo_seams(store)
     if name == TRITON_HEURISTICS:
         return _autotune_seams() if not retune and triton_available() else []
     for cache_mod, gemm_mod, utils_mod, config_ns in _CUTLASS_MODULES:
@@ -477,7 +493,7 @@ def build(store: LiveStore, *, retune: bool = False) -> list[_Patch]:
     patched when torch imports it). Raises :class:`SeamMissingError` if one is missing.
     ``retune``: keep torch's own ``recheck_autotune_cache`` (re-measure stored winners)."""
     patches: list[_Patch] = []
-    for name in (CODECACHE, AOT_CACHE, AUTOTUNE_CACHE, CPP_BUILDER):
+    for name in (CODECACHE, AOT_CACHE, AUTOTUNE_CACHE, CPP_BUILDER, PGO):
         patches += module_patches(name, store, retune=retune)
     patches += _cutlass_seams(store)
     if not retune and triton_available():

@@ -25,8 +25,10 @@ from ..store.trust import untrusted_reason
 from ..db import CacheDB, Repos
 from ..fingerprint import current as current_fingerprint
 from ..keys import split_inputs_key
-from ..store.tables import utcnow
+from ..store.payload import pack
+from ..store.tables import GUARDED_KINDS, utcnow
 from ..repositories import best_configs as best_configs_repo
+from ..repositories import dynamo as dynamo_repo
 from ..repositories import guarded as guarded_repo
 from ..repositories import local_values as local_values_repo
 from ..repositories import timings as timings_repo
@@ -82,6 +84,8 @@ class LiveStore:
         self._open_failed = False
         #: every best config, while no other connection commits (:mod:`._best_configs`)
         self.best_configs = BestConfigCopy()
+        #: the checksum this process last stored per (kind, key) of Dynamo's caches
+        self._dynamo_written: dict[tuple[str, str], str] = {}
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -353,8 +357,15 @@ class LiveStore:
     def _take_hits(self, repos: Repos) -> None:
         with self._lock:
             hits, self._hits = self._hits, {}
-        if hits:
-            repos.guarded.record_hits(hits)
+        if not hits:
+            return
+        guarded = {k: v for k, v in hits.items() if k[0] in GUARDED_KINDS}
+        if guarded:
+            repos.guarded.record_hits(guarded)
+        for kind in dynamo_repo.KINDS:  # Dynamo's caches: (kind, key, "")
+            served = {k[1]: v for k, v in hits.items() if k[0] == kind}
+            if served:
+                repos.dynamo(kind).record_hits(served)
 
     def flush_hits(self) -> None:
         """Write the pending hit counts and last-used times (at exit, or explicitly)."""
@@ -582,6 +593,79 @@ class LiveStore:
 
         if self.safely("best config write", False, write):
             self.push(sync.best_config(key))
+
+    # -- Dynamo's caches: PGO profiles, ... --------------------------------------------------
+
+    def dynamo_get(self, kind: str, key: str) -> bytes | None:
+        """The pickle of one of Dynamo's caches (``kind``: ``pgo``, ...; ``key``: its
+        :mod:`cachedb.repositories.dynamo` key), checked, or ``None``: a miss, a database that
+        cannot be read, pickles refused (an untrusted database), or a corrupt row (warned
+        about once per kind, quarantined). On a local miss the remote tier, if any, is asked
+        (a local row found corrupt is served from the remote's copy). A hit is counted (written
+        with the next write, or at exit). Never raises."""
+        found = self._read_dynamo(kind, key)
+        if found is None and self.remote is not None and self.pull(sync.dynamo(kind, key)):
+            found = self._read_dynamo(kind, key)
+        if found is not None:
+            self.note_hit(kind, key, "")
+        log.debug("%s lookup %s: %s", kind, key, "hit" if found is not None else "miss")
+        return found
+
+    def _read_dynamo(self, kind: str, key: str) -> bytes | None:
+        try:
+            db = self._db or self.db
+            if self.pickles_refused is not None:
+                return None
+            rows = db.kept.fetch(dynamo_repo.statements(kind).get, {"key": key})
+            if not rows:
+                return None
+            return dynamo_repo.checked(db.signer, kind, key, *rows[0])
+        except _Unavailable:
+            return None
+        except CorruptPayloadError as exc:
+            self.warn_once(f"{kind} payload check", exc)
+            self._quarantine_dynamo(kind, key, exc.reason)
+        except Exception as exc:  # the cache must never break a compile
+            self.warn_once(f"{kind} lookup", exc)
+        return None
+
+    def _quarantine_dynamo(self, kind: str, key: str, reason: str) -> None:
+        """Move a corrupt row of Dynamo's caches aside (kept for ``cachedb verify``) and count
+        it in ``counters["inductor"]["cachedb_corrupt_payload"]``."""
+        try:
+            from torch._dynamo.utils import counters
+
+            counters["inductor"]["cachedb_corrupt_payload"] += 1
+        except ImportError:
+            pass
+
+        def write() -> None:
+            with self.db.write() as repos:
+                repos.dynamo(kind).quarantine(key, reason)
+
+        self.safely(f"{kind} quarantine", None, write)
+
+    def dynamo_put(self, kind: str, key: str, data: bytes) -> bool:
+        """Store ``data`` (a pickle torch just wrote) as the row of ``key``, replacing the one
+        stored (the newer wins: this one, written now), then queue it for the remote tier.
+        Returns whether it was stored. Never raises."""
+        def write() -> bool:
+            db = self.db
+            packed = pack(bytes(data))  # before BEGIN IMMEDIATE: the write lock is held for the rows alone
+            if self._dynamo_written.get((kind, key)) == packed.checksum:
+                return True  # torch puts the whole profile after every compile, most often unchanged
+            with db.write() as repos:
+                fp_id = self._fingerprint_id(repos)
+                repos.dynamo(kind).put(key, data, fingerprint_id=fp_id, packed=packed)
+                self._take_hits(repos)
+            self._dynamo_written[(kind, key)] = packed.checksum
+            log.debug("%s write %s", kind, key)
+            return True
+
+        stored = self.safely(f"{kind} write", False, write)
+        if stored:
+            self.push(sync.dynamo(kind, key))
+        return stored
 
     # -- CUTLASS op lists --------------------------------------------------------------------
 

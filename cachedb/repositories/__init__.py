@@ -6,6 +6,7 @@ it, and never commits: the transaction belongs to the caller (:meth:`cachedb.Cac
 from .artifacts import KernelArtifactRepository, KernelFile
 from .best_configs import BestConfigRepository
 from .cutlass import CutlassOpListRepository
+from .dynamo import DynamoRepository
 from .fingerprints import FingerprintRepository
 from .guarded import GuardedEntryRepository, StoredVariant
 from .local_values import LocalCacheValueRepository
@@ -15,6 +16,7 @@ __all__ = [
     "AutotuneTimingRepository",
     "BestConfigRepository",
     "CutlassOpListRepository",
+    "DynamoRepository",
     "FingerprintRepository",
     "GuardedEntryRepository",
     "KernelArtifactRepository",

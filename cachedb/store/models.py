@@ -32,7 +32,7 @@ __all__ = [
     "NEWEST_WINS_COMPARED", "VIEW_NAMES", "utcnow",
     "Base", "SystemFingerprint", "GuardedEntry", "AutotuneKey", "AutotuneRun", "AutotuneTiming",
     "LocalCacheValue", "BestConfig", "QuarantinedEntry", "CutlassOpList", "CutlassOp", "KernelBlob",
-    "KernelArtifact",
+    "KernelArtifact", "PgoProfile",
 ]
 
 
@@ -212,8 +212,10 @@ class BestConfig(Base):
 
 
 class QuarantinedEntry(Base):
-    """A guarded entry whose payload failed its checksum (or signature): moved here, never
-    served, kept for inspection (``cachedb verify`` lists them). Revision 0002."""
+    """An entry whose payload failed its checksum (or signature): moved here, never served,
+    kept for inspection (``cachedb verify`` lists them). Revision 0002. ``kind`` is the
+    guarded kind (``fxgraph``, ``aotautograd``), or ``pgo`` / ``precompile`` for Dynamo's
+    caches, whose ``variant`` is then the row's checksum."""
 
     __table__ = tables.quarantined_entries
 
@@ -341,3 +343,31 @@ class KernelArtifact(Base):
     hit_count: Mapped[int]
 
     blob: Mapped[KernelBlob] = relationship()
+
+
+class PgoProfile(Base):
+    """A Dynamo PGO profile (automatic-dynamic code state, torch/_dynamo/pgo.py), revision 0006.
+
+    ``key`` is the name torch gives the file, ``dynamo/code_state_<key>.pkl`` (``code_state_path``:
+    the PGO cache key ``f"{job_id}:{rank}:{cache_key_tag}"`` with ``<>:"/\\|?*`` made ``_``), so
+    two cache keys that share a file in torch share a row here. ``payload`` is the pickle
+    torch wrote (a ``defaultdict[CodeId, CodeState]``), stored as a checksummed payload and
+    handed back to torch as it is: cachedb never unpickles it. A profile is rewritten whole by
+    each process that learns something (the one it loaded plus what it learned), so one row
+    per key and the newer ``updated_at`` wins (as torch's own file: the last write stays).
+    ``last_used_at`` (indexed) and ``hit_count`` count serves (eviction).
+    """
+
+    __table__ = tables.pgo_profiles
+
+    id: Mapped[int]
+    key: Mapped[str]
+    payload: Mapped[bytes]
+    size_bytes: Mapped[int]
+    checksum: Mapped[str]
+    signature: Mapped[Optional[str]]
+    fingerprint_id: Mapped[Optional[int]]
+    created_at: Mapped[dt.datetime]
+    updated_at: Mapped[dt.datetime]
+    last_used_at: Mapped[dt.datetime]
+    hit_count: Mapped[int]

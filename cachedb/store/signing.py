@@ -1,9 +1,10 @@
 """Optional HMAC signing of stored entries, so a shared database only serves the team's.
 
 With ``CACHEDB_HMAC_KEY`` set (any string; use a long random one), every FX graph /
-AOTAutograd entry and best config written is signed with HMAC-SHA256 over what identifies it
-and its bytes' SHA-256; entries are served (and exported or imported) only if their signature
-verifies under that key. Without the variable nothing is signed or checked.
+AOTAutograd entry, best config, PGO profile and Dynamo package written is signed with
+HMAC-SHA256 over what identifies it and its bytes' SHA-256; entries are served (and exported or
+imported) only if their signature verifies under that key. Without the variable nothing is
+signed or checked.
 """
 
 from __future__ import annotations
@@ -40,3 +41,8 @@ class Signer:
 
     def best_config(self, key: str, content: str) -> str:
         return self.sign("best_config", key, hashlib.sha256(content.encode("utf-8")).hexdigest())
+
+    def dynamo(self, kind: str, key: str, checksum: str) -> str:
+        """One of Dynamo's caches (``kind``: ``pgo`` or ``precompile``), by its key and the
+        SHA-256 of its pickle."""
+        return self.sign("dynamo", kind, key, checksum)

@@ -17,7 +17,9 @@ table                        Inductor artifact
 ``kernel_artifacts``         ``triton/<device>/<key>/<file>`` (Triton's cache), ``<k[1:3]>/<k>*.so``
                              (C++ kernel libraries): (kind, host, key, file name) → a blob
 ``kernel_blobs``             content-addressed bytes of kernel files (one copy per SHA-256)
-``quarantined_entries``      guarded entries that failed their checksum or signature
+``quarantined_entries``      entries that failed their checksum or signature (guarded entries,
+                             PGO profiles, Dynamo packages)
+``pgo_profiles``             ``dynamo/code_state_<key>.pkl`` (Dynamo's PGO profiles, revision 0006)
 ===========================  ==================================================================
 
 What each column holds is documented on its typed ORM class in :mod:`cachedb.store.models`, which
@@ -77,7 +79,13 @@ NATURAL_KEY_COLUMNS = {
     "quarantined_entries": ("kind", "key", "variant", "checksum", "quarantined_at"),
 }
 #: Columns compared to tell whether a newest-wins row (the same key on both sides) changed.
-NEWEST_WINS_COMPARED = {"local_cache_values": ("value_json",), "best_configs": ("content",)}
+NEWEST_WINS_COMPARED = {
+    "local_cache_values": ("value_json",), "best_configs": ("content",), "pgo_profiles": ("checksum",),
+}
+
+#: Dynamo's own caches, by their Mega-Cache artifact type (torch/compiler/_cache.py): the table
+#: of each (:mod:`cachedb.repositories.dynamo`). One row per key, the newer ``updated_at`` wins.
+DYNAMO_TABLES = {"pgo": "pgo_profiles"}
 
 
 def utcnow() -> dt.datetime:
@@ -286,6 +294,32 @@ kernel_artifacts = Table(
     Column("hit_count", Integer, nullable=False, default=0),
     UniqueConstraint("kind", "host_key", "key", "name", name="uq_kernel_artifacts_kind_host_key_key_name"),
 )
+
+
+def _dynamo_table(name: str, key_length: int) -> Table:
+    """A table of one of Dynamo's caches (revision 0006 on): one opaque pickle per key, stored
+    as a checksummed payload (:mod:`cachedb.store.payload`) that cachedb never unpickles."""
+    return Table(
+        name,
+        metadata,
+        Column("id", Integer, primary_key=True),
+        Column("key", String(key_length), nullable=False, unique=True),
+        Column("payload", LargeBinary, nullable=False),
+        Column("size_bytes", BigInteger, nullable=False),
+        Column("checksum", String(64), nullable=False),
+        Column("signature", String(64)),
+        Column("fingerprint_id", Integer, ForeignKey("system_fingerprints.id", ondelete="SET NULL"), index=True),
+        _utc_timestamp("created_at"),
+        _utc_timestamp("updated_at"),
+        _utc_timestamp("last_used_at", index=True),
+        Column("hit_count", Integer, nullable=False, default=0),
+    )
+
+
+#: Dynamo's PGO profiles (revision 0006): ``dynamo/code_state_<key>.pkl``, keyed by the name
+#: torch gives the file (``code_state_path``, torch/_dynamo/pgo.py: the PGO cache key with
+#: ``<>:"/\|?*`` made ``_``).
+pgo_profiles = _dynamo_table("pgo_profiles", 512)
 
 
 #: Views created by the migrations. Every timing flat (0004_compact_timings.py):

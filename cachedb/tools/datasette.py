@@ -131,6 +131,13 @@ TABLES: dict[str, dict[str, Any]] = {
         "description": "Entries whose payload failed its checksum or signature: never served, kept for inspection.",
         "units": {"size_bytes": _BYTES},
     },
+    "pgo_profiles": {
+        "description": "Dynamo's PGO profiles (dynamo/code_state_<key>.pkl): which dimensions turned out "
+                       "dynamic, per PGO cache key; the pickle as torch wrote it (never unpickled by cachedb).",
+        "columns": {"key": "the PGO cache key as torch's file name holds it (job id, rank, tag)",
+                    "hit_count": "processes served", "updated_at": "the newer of two profiles of a key wins"},
+        "units": {"size_bytes": _BYTES},
+    },
     "alembic_version": {"description": "Schema revision (Alembic).", "hidden": True},
     # views
     "autotune_current": {
@@ -211,6 +218,7 @@ LEFT JOIN (
     UNION ALL SELECT fingerprint_id, recorded_at FROM autotune_timings
     UNION ALL SELECT fingerprint_id, updated_at FROM best_configs
     UNION ALL SELECT fingerprint_id, updated_at FROM local_cache_values
+    UNION ALL SELECT fingerprint_id, last_used_at FROM pgo_profiles
   ) WHERE fingerprint_id IS NOT NULL GROUP BY fingerprint_id
 ) u ON u.fingerprint_id = f.id
 WHERE u.last_used_at IS NULL OR julianday('now') - julianday(u.last_used_at) > CAST(:days AS REAL)

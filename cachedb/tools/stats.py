@@ -8,6 +8,9 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from ..repositories.artifacts import KernelArtifactRepository
+from ..repositories.dynamo import LABELS as DYNAMO_LABELS
+from ..repositories.dynamo import table_of
+from ..store.tables import DYNAMO_TABLES
 from ..store.models import (
     AUTOTUNE_TIMINGS,
     BestConfig,
@@ -35,7 +38,8 @@ def collect(session: Session) -> list[dict[str, Any]]:
     uncompressed size of payloads (or of the JSON for timings, values and configs) and
     ``stored_bytes`` what the database holds for them (compressed payloads). Kernel rows
     (``triton_kernel``, ``cpp_kernel``) count key directories; their ``bytes`` are the files'
-    sizes and ``stored_bytes`` the compressed distinct blobs they use."""
+    sizes and ``stored_bytes`` the compressed distinct blobs they use. Dynamo's caches
+    (``pgo_profile``, ...) count one row per key, ``bytes`` their pickles."""
     labels = _label(session)
     rows: list[dict[str, Any]] = []
 
@@ -81,4 +85,13 @@ def collect(session: Session) -> list[dict[str, Any]]:
     # shared by both kinds counts in each).
     for row in KernelArtifactRepository(session).totals():
         add(f"{row['kind']}_kernel", None, row["keys"], row["size_bytes"], row["stored_bytes"])
+    # Dynamo's caches: one row per key (a pickle each)
+    for kind in DYNAMO_TABLES:
+        d = table_of(kind)
+        for fp, n, raw, stored in session.execute(
+            select(d.c.fingerprint_id, func.count(), func.sum(d.c.size_bytes), func.sum(func.length(d.c.payload)))
+            .group_by(d.c.fingerprint_id)
+            .order_by(d.c.fingerprint_id)
+        ):
+            add(DYNAMO_LABELS[kind], fp, n, raw, stored)
     return rows

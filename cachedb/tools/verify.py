@@ -9,6 +9,7 @@ from sqlalchemy.exc import DatabaseError
 
 from .._errors import CorruptPayloadError
 from ..db import CacheDB
+from ..repositories.dynamo import KINDS as DYNAMO_KINDS
 from ..store.models import CutlassOpList, GuardedEntry, KernelBlob, QuarantinedEntry
 
 
@@ -29,7 +30,8 @@ def _verify(db: CacheDB, *, quarantine: bool = True) -> tuple[list[dict[str, Any
     every guarded payload that fails decompression, its SHA-256 checksum or (with
     ``CACHEDB_HMAC_KEY`` set) its signature — moved to ``quarantined_entries`` when
     ``quarantine`` is true — every kernel blob whose bytes fail their SHA-256 (quarantined with
-    every key directory that uses it), every corrupt CUTLASS op list, and every entry already in
+    every key directory that uses it), every row of Dynamo's caches (PGO profiles, ...) that
+    fails its checks (quarantined), every corrupt CUTLASS op list, and every entry already in
     quarantine (``what`` = ``quarantined <kind>``).
     """
     problems: list[dict[str, Any]] = []
@@ -61,17 +63,27 @@ def _verify(db: CacheDB, *, quarantine: bool = True) -> tuple[list[dict[str, Any
                 problems.append({"what": "cutlass_op_list", "where": f"configs_{key}.json", "problem": exc.reason})
         bad_blobs = list(repos.artifacts.check_blobs())
         checked += repos.session.execute(select(func.count()).select_from(KernelBlob)).scalar_one()
+        bad_dynamo = []  # Dynamo's caches: (kind, key, reason)
+        for kind in DYNAMO_KINDS:
+            dynamo = repos.dynamo(kind)
+            checked += dynamo.count()
+            bad_dynamo += [(kind, key, reason) for key, reason in dynamo.check_all()]
     for kind, key, variant, reason in corrupt:
         problems.append({"what": kind, "where": f"{kind}/{key}/{variant}", "problem": reason})
     for digest, reason in bad_blobs:
         problems.append({"what": "kernel_blob", "where": f"kernel blob {digest}", "problem": reason})
-    if quarantine and (corrupt or bad_blobs):
+    for kind, key, reason in bad_dynamo:
+        problems.append({"what": kind, "where": f"{kind}/{key}", "problem": reason})
+    if quarantine and (corrupt or bad_blobs or bad_dynamo):
         with db.transaction() as repos:
             for kind, key, variant, reason in corrupt:
                 repos.guarded.quarantine(kind, key, variant, reason)
             for digest, reason in bad_blobs:
                 repos.artifacts.quarantine_blob(digest, reason)
+            quarantined_dynamo = [(kind, key, repos.dynamo(kind).quarantine(key, reason), reason)
+                                  for kind, key, reason in bad_dynamo]
         corrupt += [("kernel_blob", digest, "", reason) for digest, reason in bad_blobs]
+        corrupt += [(kind, key, variant, reason) for kind, key, variant, reason in quarantined_dynamo if variant is not None]
     q = QuarantinedEntry.__table__
     with db.read() as repos:
         for kind, key, variant, reason, when in repos.session.execute(

@@ -1,0 +1,330 @@
+"""Dynamo's own caches in the database (issue 50): PGO profiles, their repository, import and
+export, Mega-Cache, copy/merge, the remote tier's point sync, stats/verify, and real
+``torch.compile`` processes served from the database."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+
+from cachedb import CacheDB
+from cachedb.fleet import tier_sync as sync
+from cachedb.fleet.copy import copy_database, merge_databases
+from cachedb.layout.exporter import export_cache_dir
+from cachedb.layout.importer import Importer
+from cachedb.repositories.dynamo import pgo_key
+from cachedb.store.signing import Signer
+from cachedb.tools.stats import collect
+from cachedb.tools.verify import verify
+
+ROOT = Path(__file__).resolve().parents[1]
+CHILD = ROOT / "tests" / "_dynamo_child.py"
+UTC = dt.timezone.utc
+#: Stand-ins for the pickles torch writes (cachedb never loads them).
+OLD, NEW = pickle.dumps({"profile": 1}), pickle.dumps({"profile": 2, "dynamic": ["L['x']"]})
+
+
+def _at(day: int) -> dt.datetime:
+    return dt.datetime(2026, 1, day, tzinfo=UTC)
+
+
+# -- the repository -------------------------------------------------------------------------------
+
+
+def test_pgo_key_is_the_file_names_key() -> None:
+    # code_state_path (torch/_dynamo/pgo.py) makes <>:"/\|?* into _; so does the key, idempotently
+    assert pgo_key("job1:None:") == "job1_None_"
+    assert pgo_key('a<b>c:d"e/f\\g|h?i*j') == "a_b_c_d_e_f_g_h_i_j"
+    assert pgo_key(pgo_key("mast:x:1:0:")) == pgo_key("mast:x:1:0:")
+
+
+def test_pgo_profiles_newer_wins_and_same_bytes_change_nothing(db: CacheDB) -> None:
+    with db.transaction() as repos:
+        assert repos.pgo.put("job1_None_", OLD, updated_at=_at(2)) is True
+        assert repos.pgo.put("job1_None_", OLD, updated_at=_at(5)) is False  # the same bytes
+        assert repos.pgo.put("job1_None_", NEW, updated_at=_at(1)) is False  # older: dropped
+        assert repos.pgo.put("job1_None_", NEW, updated_at=_at(2)) is False  # a tie keeps the stored
+    with db.read() as repos:
+        assert repos.pgo.get("job1_None_") == OLD
+    with db.transaction() as repos:
+        assert repos.pgo.put("job1_None_", NEW, updated_at=_at(3)) is True
+    with db.read() as repos:
+        assert repos.pgo.get("job1_None_") == NEW and repos.pgo.get("other") is None
+        [(key, data, when)] = list(repos.pgo.iter_all())
+        assert (key, data, when) == ("job1_None_", NEW, _at(3))
+        assert repos.pgo.count() == 1
+
+
+def test_pgo_keys_torch_cannot_name_a_file_by_are_refused(db: CacheDB) -> None:
+    from cachedb import BadInputError
+
+    for bad in ("", "job1:None:", "a/b", "x" * 513, "a\nb"):
+        with pytest.raises(BadInputError), db.transaction() as repos:
+            repos.pgo.put(bad, OLD)
+
+
+def test_a_profile_that_fails_its_checks_is_refused_verified_and_quarantined(tmp_path: Path) -> None:
+    from cachedb import CorruptPayloadError
+
+    db = CacheDB(tmp_path / "c.db")
+    with db.transaction() as repos:
+        repos.pgo.put("job1_None_", NEW)
+    with db.engine.begin() as conn:  # one flipped byte in the stored frame
+        blob = bytearray(conn.execute(text("SELECT payload FROM pgo_profiles")).scalar_one())
+        blob[12] ^= 0xFF
+        conn.execute(text("UPDATE pgo_profiles SET payload = :p"), {"p": bytes(blob)})
+    with db.read() as repos, pytest.raises(CorruptPayloadError):
+        repos.pgo.get("job1_None_")
+    problems, checked = verify(db)
+    assert checked >= 1
+    assert [(p["what"], p["where"]) for p in problems] == [("pgo", "pgo/job1_None_")]
+    with db.read() as repos:
+        assert repos.pgo.count() == 0
+        kinds = repos.session.execute(text("SELECT kind, key FROM quarantined_entries")).all()
+    assert kinds == [("pgo", "job1_None_")]
+    # listed as quarantined from then on
+    problems, _ = verify(db)
+    assert [p["what"] for p in problems] == ["quarantined pgo"]
+    db.close()
+
+
+def test_signed_profiles_verify_and_unsigned_ones_are_refused(tmp_path: Path) -> None:
+    from cachedb import CorruptPayloadError
+
+    unsigned = CacheDB(tmp_path / "c.db")
+    with unsigned.transaction() as repos:
+        repos.pgo.put("job1_None_", NEW)
+    unsigned.close()
+    signed = CacheDB(tmp_path / "c.db", signer=Signer(b"team"))
+    with signed.read() as repos, pytest.raises(CorruptPayloadError):
+        repos.pgo.get("job1_None_")
+    with signed.transaction() as repos:
+        repos.pgo.put("job2_None_", NEW)
+    with signed.read() as repos:
+        assert repos.pgo.get("job2_None_") == NEW
+    signed.close()
+
+
+def test_stats_count_profiles(db: CacheDB) -> None:
+    with db.transaction() as repos:
+        repos.pgo.put("a_None_", OLD)
+        repos.pgo.put("b_None_", NEW)
+    with db.read() as repos:
+        rows = [r for r in collect(repos.session) if r["kind"] == "pgo_profile"]
+    assert [(r["entries"], r["bytes"]) for r in rows] == [(2, len(OLD) + len(NEW))]
+    assert rows[0]["stored_bytes"] > 0
+
+
+def test_evict_goes_by_last_use(db: CacheDB) -> None:
+    with db.transaction() as repos:
+        repos.pgo.put("old_None_", OLD)
+        repos.pgo.put("new_None_", NEW)
+        repos.session.execute(text("UPDATE pgo_profiles SET last_used_at = :t WHERE key = 'old_None_'"),
+                              {"t": _at(1)})
+        n, freed = repos.pgo.evict(older_than=_at(2))
+    assert n == 1 and freed > 0
+    with db.read() as repos:
+        assert repos.pgo.keys() == ["new_None_"]
+
+
+# -- the cache directory: import, export, Mega-Cache ------------------------------------------------
+
+
+def test_import_and_export_of_code_state_files(tmp_path: Path) -> None:
+    cache = tmp_path / "inductor"
+    (cache / "dynamo").mkdir(parents=True)
+    profile = cache / "dynamo" / "code_state_job1_None_.pkl"
+    profile.write_bytes(NEW)
+    (cache / "dynamo" / "code_state_job1_None_.pkl.lock").write_bytes(b"")  # torch's FileLock: not imported
+    db = CacheDB(tmp_path / "c.db")
+    report = Importer(db).run(cache)
+    assert report.added["pgo_profile"] == 1 and report.problems == []
+    assert Importer(db).run(cache).unchanged["pgo_profile"] == 1  # idempotent
+    # a file older than the stored profile does not replace it; a newer one does
+    profile.write_bytes(OLD)
+    os.utime(profile, (0, 0))
+    assert Importer(db).run(cache).unchanged["pgo_profile"] == 1
+    with db.read() as repos:
+        assert repos.pgo.get("job1_None_") == NEW
+    os.utime(profile, None)
+    assert Importer(db).run(cache).added["pgo_profile"] == 1
+    out = tmp_path / "exported"
+    exported = export_cache_dir(db, out)
+    assert exported.written["pgo_profile"] == 1
+    assert (out / "dynamo" / "code_state_job1_None_.pkl").read_bytes() == OLD
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()) == [
+        "dynamo/code_state_job1_None_.pkl"]
+    db.close()
+
+
+def test_a_directory_holding_only_a_profile_is_a_cache(tmp_path: Path) -> None:
+    cache = tmp_path / "inductor"
+    (cache / "dynamo").mkdir(parents=True)
+    (cache / "dynamo" / "code_state_j_0_tag.pkl").write_bytes(OLD)
+    with CacheDB(tmp_path / "c.db") as db:
+        assert Importer(db).run(cache).added == {"pgo_profile": 1}
+
+
+@pytest.mark.torch
+def test_mega_cache_pgo_artifacts_round_trip_through_torch(tmp_path: Path) -> None:
+    """A blob with a ``pgo`` artifact (keyed by torch's cache key) is stored under the file
+    name's key; the blob cachedb builds loads into torch, which writes the same file name."""
+    pytest.importorskip("torch")
+    from cachedb.layout.mega_cache import build_artifacts, import_artifacts
+
+    code = f"""
+import os, sys, torch
+from torch.compiler._cache import CacheArtifactManager, CacheArtifactFactory
+from torch.utils._appending_byte_serializer import AppendingByteSerializer
+from torch.compiler import _cache
+CacheArtifactManager._ensure_cache_artifacts_registered()
+s = AppendingByteSerializer(serialize_fn=_cache._serialize_single_cache)
+s.extend([("pgo", [CacheArtifactFactory.create("pgo", "job1:None:", {NEW!r})])])
+sys.stdout.buffer.write(s.to_bytes())
+"""
+    blob = subprocess.run([sys.executable, "-c", code], capture_output=True, check=True, timeout=300).stdout
+    with CacheDB(tmp_path / "c.db") as db:
+        report = import_artifacts(db, blob)
+        assert report.added == {"pgo_profile": 1} and not report.skipped
+        with db.read() as repos:
+            assert repos.pgo.get("job1_None_") == NEW
+        exported = build_artifacts(db)
+    assert exported.counts == {"pgo": 1}
+    load = """
+import sys, torch
+torch.compiler.load_cache_artifacts(sys.stdin.buffer.read())
+"""
+    cache = tmp_path / "loaded"
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache), "TORCH_COMPILE_JOB_ID": "job1"}
+    subprocess.run([sys.executable, "-c", load], input=exported.data, check=True, env=env, timeout=300,
+                   capture_output=True)
+    assert (cache / "dynamo" / "code_state_job1_None_.pkl").read_bytes() == NEW
+
+
+# -- between databases ------------------------------------------------------------------------------
+
+
+def test_merge_and_copy_keep_the_newer_profile(tmp_path: Path, db_url: str) -> None:
+    a, b = CacheDB(tmp_path / "a.db"), CacheDB(db_url)
+    with a.transaction() as repos:
+        repos.pgo.put("job1_None_", NEW, updated_at=_at(5))
+        repos.pgo.put("only_a_None_", OLD, updated_at=_at(1))
+    with b.transaction() as repos:
+        repos.pgo.put("job1_None_", OLD, updated_at=_at(3))
+        repos.pgo.put("only_b_None_", NEW, updated_at=_at(9))
+    a.close()
+    report = merge_databases([tmp_path / "a.db"], b)
+    assert (report.tables["pgo_profiles"].added, report.tables["pgo_profiles"].replaced) == (1, 1)
+    with b.read() as repos:
+        got = {k: (d, w) for k, d, w in repos.pgo.iter_all()}
+    assert got == {"job1_None_": (NEW, _at(5)), "only_a_None_": (OLD, _at(1)), "only_b_None_": (NEW, _at(9))}
+    again = merge_databases([tmp_path / "a.db"], b)  # idempotent
+    assert again.tables["pgo_profiles"].added == again.tables["pgo_profiles"].replaced == 0
+    b.close()
+    copy_database(db_url, tmp_path / "copy.db")
+    with CacheDB(tmp_path / "copy.db") as c, c.read() as repos:
+        assert {k: d for k, d, _ in repos.pgo.iter_all()} == {k: d for k, (d, _) in got.items()}
+
+
+def test_point_sync_moves_a_profile_and_the_newer_wins(tmp_path: Path) -> None:
+    local, remote = CacheDB(tmp_path / "local.db"), CacheDB(tmp_path / "remote.db")
+    with remote.transaction() as repos:
+        repos.pgo.put("job1_None_", NEW, updated_at=_at(4))
+    entry = sync.dynamo("pgo", "job1_None_")
+    with remote.engine.connect() as conn:
+        bundle = sync.fetch(conn, entry)
+    assert len(bundle.rows) == 1
+    with local.engine.begin() as conn:
+        assert sync.store(conn, bundle) == 1
+        assert sync.store(conn, bundle) == 0
+    with local.read() as repos:
+        assert repos.pgo.get("job1_None_") == NEW
+    with remote.transaction() as repos:  # an older one does not replace it
+        repos.session.execute(text("DELETE FROM pgo_profiles"))
+        repos.pgo.put("job1_None_", OLD, updated_at=_at(2))
+    with remote.engine.connect() as conn, local.engine.begin() as w:
+        assert sync.store(w, sync.fetch(conn, entry)) == 0
+    local.close()
+    remote.close()
+
+
+# -- real torch.compile -----------------------------------------------------------------------------
+
+
+def _child(mode: str, cache_dir: Path, *args: str, **env_extra: str) -> tuple[dict, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CACHEDB_", "TORCH_"))}
+    env.update(TORCHINDUCTOR_CACHE_DIR=str(cache_dir), TORCHINDUCTOR_COMPILE_THREADS="1",
+               TORCH_COMPILE_JOB_ID="job1", PYTHONPATH=str(ROOT), **env_extra)
+    proc = subprocess.run([sys.executable, str(CHILD), mode, *args], capture_output=True, text=True, env=env,
+                          timeout=900, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["ok"], out
+    return out, proc.stderr
+
+
+def _cachedb_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if "cachedb" in line]
+
+
+@pytest.fixture(scope="module")
+def pgo_runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """Warm local files against a fresh cache dir served by cachedb, PGO on (job id set)."""
+    pytest.importorskip("torch")
+    root = tmp_path_factory.mktemp("pgo")
+    files = root / "files"
+    db = root / "cache.db"
+    runs = {
+        "files cold": _child("files", files),
+        "files warm": _child("files", files),
+        "cachedb cold": _child("cachedb", root / "cold", "--db", str(db), "--list-dir"),
+        "cachedb warm": _child("cachedb", root / "warm", "--db", str(db), "--list-dir"),
+    }
+    return {"root": root, "db": db, "runs": runs}
+
+
+@pytest.mark.slow
+def test_pgo_profile_from_the_db_compiles_as_few_frames_as_warm_local_files(pgo_runs: dict) -> None:
+    runs = pgo_runs["runs"]
+    frames = {case: out["frames"].get("total", 0) for case, (out, _) in runs.items()}
+    # the function called with 7, 33 and 1,024 rows: static, then a recompile, without a profile
+    assert frames["files cold"] == frames["cachedb cold"] == 3, frames
+    assert frames["files warm"] == 2, frames
+    assert frames["cachedb warm"] == frames["files warm"], frames
+    assert runs["cachedb warm"][0]["unique_graphs"] == runs["files warm"][0]["unique_graphs"]
+    for case in ("cachedb cold", "cachedb warm"):
+        out, stderr = runs[case]
+        assert not any(f.startswith("dynamo/") for f in out["files"]), out["files"]  # in the DB only
+        assert _cachedb_lines(stderr) == [], stderr[-3000:]
+    with CacheDB(pgo_runs["db"]) as db, db.read() as repos:
+        rows = repos.session.execute(text("SELECT key, hit_count FROM pgo_profiles")).all()
+    assert rows == [("job1_None_", 1)]
+
+
+@pytest.mark.slow
+def test_a_damaged_profile_is_quarantined_and_the_compile_goes_on(pgo_runs: dict, tmp_path: Path) -> None:
+    import shutil
+
+    db_path = tmp_path / "damaged.db"
+    shutil.copy(pgo_runs["db"], db_path)
+    with CacheDB(db_path) as db, db.engine.begin() as conn:
+        blob = bytearray(conn.execute(text("SELECT payload FROM pgo_profiles")).scalar_one())
+        blob[len(blob) // 2] ^= 0xFF
+        conn.execute(text("UPDATE pgo_profiles SET payload = :p"), {"p": bytes(blob)})
+    out, stderr = _child("cachedb", tmp_path / "dir", "--db", str(db_path))
+    assert out["frames"]["total"] == 3  # as without a profile
+    assert out["corrupt"] == 1
+    warnings = _cachedb_lines(stderr)
+    assert len(warnings) == 1 and "pgo payload check" in warnings[0], stderr[-3000:]
+    with CacheDB(db_path) as db, db.read() as repos:
+        quarantined = repos.session.execute(text("SELECT kind, key FROM quarantined_entries")).all()
+        assert quarantined == [("pgo", "job1_None_")]
+        assert repos.pgo.get("job1_None_") is not None  # the process wrote its own profile after
