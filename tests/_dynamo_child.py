@@ -2,11 +2,11 @@
 print one JSON line of what Dynamo did.
 
 ``python tests/_dynamo_child.py files|cachedb [--db PATH] [--precompile] [--save]
-[--list-dir]`` with ``TORCHINDUCTOR_CACHE_DIR`` set by the caller. Workloads (issue 50's): an
-MLP, then a function called with 7, 33 and 1,024 rows (static at first: a recompile makes it
-dynamic, unless a PGO profile says so already). ``cachedb``: ``cachedb.install(db,
-precompile=...)`` first; ``--save``: ``torch.compiler.save_cache_artifacts()`` at the end (how
-torch alone writes precompiled Dynamo packages); ``--list-dir``: the files under the cache
+[--list-dir]`` with ``TORCHINDUCTOR_CACHE_DIR`` set by the caller. The workloads: an MLP, then
+a function called with 7, 33 and 1,024 rows (static at first: a recompile makes it dynamic,
+unless a PGO profile says so already). ``cachedb``: ``cachedb.install(db, precompile=True)``
+(with ``--precompile``) first; ``--save``: ``torch.compiler.save_cache_artifacts()`` at the end
+(how torch alone writes precompiled Dynamo packages); ``--list-dir``: the files under the cache
 directory after the workloads (relative paths).
 """
 

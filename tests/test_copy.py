@@ -73,6 +73,7 @@ def fill(db: CacheDB, cache_dir: Path, *, tag: str = "a", quarantine: bool = Tru
         repos.cutlass.put(f"req{tag}", data, parse_op_list(data), arch=90, cuda_version="12.8")
         fingerprint = repos.session.execute(text("SELECT min(id) FROM system_fingerprints")).scalar_one()
         repos.pgo.put(f"job_{tag}_None_", rng.randbytes(700), fingerprint_id=fingerprint)  # a PGO profile
+        repos.dynamo("precompile").put(f"{tag * 64}", rng.randbytes(5000), fingerprint_id=fingerprint)  # a package
         repos.local_values.add_leaves(fingerprint, [
             ValueLeaf(("pad_mm", f"shape-{tag}"), True, next_position(repos.session)),
             ValueLeaf(("pad_mm", "shared"), False, next_position(repos.session) + 1)])

@@ -1,6 +1,6 @@
-"""Dynamo's own caches in the database (issue 50): PGO profiles, their repository, import and
-export, Mega-Cache, copy/merge, the remote tier's point sync, stats/verify, and real
-``torch.compile`` processes served from the database."""
+"""Dynamo's own caches in the database: PGO profiles and precompiled Dynamo packages, their
+repository, import and export, Mega-Cache, copy/merge, the remote tier's point sync,
+stats/verify, and real ``torch.compile`` processes served from the database."""
 
 from __future__ import annotations
 
@@ -163,6 +163,30 @@ def test_import_and_export_of_code_state_files(tmp_path: Path) -> None:
     assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()) == [
         "dynamo/code_state_job1_None_.pkl"]
     db.close()
+
+
+def test_import_and_export_of_precompiled_packages(tmp_path: Path) -> None:
+    source_id = "7b34ed35ce067a1d3f5743b069f13d5cc469076a895c4ee98e5eb5b2eb87b619"
+    cache = tmp_path / "inductor"
+    (cache / "dynamo" / source_id).mkdir(parents=True)
+    (cache / "dynamo" / source_id / "entry").write_bytes(NEW)
+    (cache / "dynamo" / source_id / ".entry.tmp").write_bytes(b"half")  # write_atomic's temporary
+    with CacheDB(tmp_path / "c.db") as db:
+        report = Importer(db).run(cache)
+        assert report.added == {"dynamo_package": 1} and report.problems == []
+        with db.read() as repos:
+            assert repos.dynamo("precompile").get(source_id) == NEW
+        out = tmp_path / "exported"
+        assert export_cache_dir(db, out).written == {"dynamo_package": 1}
+    assert (out / "dynamo" / source_id / "entry").read_bytes() == NEW
+
+
+def test_package_keys_are_one_directory_name(db: CacheDB) -> None:
+    from cachedb import BadInputError
+
+    for bad in ("..", "a/b", "", "x" * 129):
+        with pytest.raises(BadInputError), db.transaction() as repos:
+            repos.dynamo("precompile").put(bad, OLD)
 
 
 def test_a_directory_holding_only_a_profile_is_a_cache(tmp_path: Path) -> None:
@@ -328,3 +352,59 @@ def test_a_damaged_profile_is_quarantined_and_the_compile_goes_on(pgo_runs: dict
         quarantined = repos.session.execute(text("SELECT kind, key FROM quarantined_entries")).all()
         assert quarantined == [("pgo", "job1_None_")]
         assert repos.pgo.get("job1_None_") is not None  # the process wrote its own profile after
+
+
+@pytest.fixture(scope="module")
+def precompile_runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """Warm local files (torch alone: ``TORCH_CACHING_PRECOMPILE=1`` and an explicit
+    ``save_cache_artifacts()``) against a fresh cache dir served by cachedb
+    (``install(precompile=True)``, no save call: cachedb saves at exit); PGO on as well."""
+    pytest.importorskip("torch")
+    root = tmp_path_factory.mktemp("precompile")
+    files = root / "files"
+    db = root / "cache.db"
+    runs = {
+        "files cold": _child("files", files, "--save", TORCH_CACHING_PRECOMPILE="1"),
+        "files warm": _child("files", files, "--save", TORCH_CACHING_PRECOMPILE="1"),
+        "cachedb cold": _child("cachedb", root / "cold", "--db", str(db), "--precompile"),
+        "cachedb warm": _child("cachedb", root / "warm", "--db", str(db), "--precompile", "--list-dir"),
+    }
+    return {"root": root, "db": db, "runs": runs}
+
+
+@pytest.mark.slow
+def test_precompiled_packages_from_the_db_hit_for_every_function_warm_local_files_hit(
+        precompile_runs: dict) -> None:
+    runs = precompile_runs["runs"]
+    cache = {case: out["dynamo_cache"] for case, (out, _) in runs.items()}
+    assert cache["files cold"] == cache["cachedb cold"] == {"dynamo_cache_miss": 2}, cache
+    assert cache["files warm"] == {"dynamo_cache_hit": 2}, cache
+    assert cache["cachedb warm"] == cache["files warm"], cache
+    # a hit skips Dynamo's tracing: no frame compiled
+    assert runs["cachedb warm"][0]["frames"] == runs["files warm"][0]["frames"] == {}
+    # cachedb saved the packages at exit, without a save_cache_artifacts() call
+    with CacheDB(precompile_runs["db"]) as db, db.read() as repos:
+        rows = repos.session.execute(text("SELECT key, hit_count FROM dynamo_packages ORDER BY key")).all()
+    assert len(rows) == 2 and all(hits == 1 for _, hits in rows), rows
+    assert _cachedb_lines(runs["cachedb warm"][1]) == []
+
+
+@pytest.mark.slow
+def test_a_damaged_package_is_quarantined_and_the_compile_goes_on(precompile_runs: dict, tmp_path: Path) -> None:
+    import shutil
+
+    db_path = tmp_path / "damaged.db"
+    shutil.copy(precompile_runs["db"], db_path)
+    with CacheDB(db_path) as db, db.engine.begin() as conn:
+        key, blob = conn.execute(text("SELECT key, payload FROM dynamo_packages ORDER BY key")).first()
+        blob = bytearray(blob)
+        blob[len(blob) // 2] ^= 0xFF
+        conn.execute(text("UPDATE dynamo_packages SET payload = :p WHERE key = :k"), {"p": bytes(blob), "k": key})
+    out, stderr = _child("cachedb", tmp_path / "dir", "--db", str(db_path), "--precompile")
+    assert out["dynamo_cache"] == {"dynamo_cache_hit": 1, "dynamo_cache_miss": 1}, out
+    assert out["corrupt"] == 1
+    warnings = _cachedb_lines(stderr)
+    assert len(warnings) == 1 and "precompile payload check" in warnings[0], stderr[-3000:]
+    with CacheDB(db_path) as db, db.read() as repos:
+        assert repos.session.execute(text("SELECT kind, key FROM quarantined_entries")).all() == [("precompile", key)]
+        assert repos.dynamo("precompile").get(key) is not None  # saved again at exit

@@ -38,9 +38,10 @@ table                       natural key                                         
 ``cutlass_op_lists``        ``request_key`` (with its ``cutlass_ops``)            DST's list is kept
 ``quarantined_entries``     ``(kind, key, variant, checksum, quarantined_at)``    DST's row is kept
 ``pgo_profiles``            ``key``                                               the newer ``updated_at`` wins
+``dynamo_packages``         ``key`` (the compiled function's source id)           the newer ``updated_at`` wins
 ==========================  ====================================================  ==========================
 
-Best configs (and LocalCache values, and Dynamo's PGO profiles) cannot keep both rows, their
+Best configs (and LocalCache values, and Dynamo's caches) cannot keep both rows, their
 key being unique: the one with the newer ``updated_at`` is stored and served, the older one is
 dropped (a tie keeps DST's); the summary counts replaced DST rows as ``replaced`` and dropped
 SRC rows as ``skipped``. A CUTLASS request key names the generator's inputs, so two lists under
@@ -135,6 +136,7 @@ TABLES = (
     "cutlass_ops",
     "quarantined_entries",
     "pgo_profiles",
+    "dynamo_packages",
 )
 
 #: The table an unfinished ``copy`` leaves in DST: one row naming SRC (dropped at the end).

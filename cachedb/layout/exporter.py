@@ -6,7 +6,8 @@ whole files (plus dot-temporaries that Inductor skips). The bytes written are ex
 imported: pickles and op lists are stored verbatim, best configs as their JSON text, and
 ``cache/<system hash>`` documents are rebuilt in their original key order.
 
-Dynamo's caches: PGO profiles go to ``dynamo/code_state_<key>.pkl``, their pickles as stored.
+Dynamo's caches: PGO profiles go to ``dynamo/code_state_<key>.pkl``, precompiled packages to
+``dynamo/<source id>/entry``, their pickles as stored.
 
 Kernels: Triton's key directories go to ``triton/0/<key>/`` (the key does not depend on the
 device index), their group files' child paths pointing into the exported directory (so an

@@ -11,8 +11,9 @@ cache_dir_utils.py):
 - ``cache/<system hash>``: autotune timings and LocalCache values.
 - every ``*.best_config``: autotune best configs, keyed by their relative path.
 - ``configs_<request key>.json``: CUTLASS op lists.
-- ``dynamo/code_state_<key>.pkl``: Dynamo's PGO profiles (stored as they are, never unpickled;
-  of a stored profile and a file of one key, the one modified later wins).
+- ``dynamo/code_state_<key>.pkl`` and ``dynamo/<source id>/entry``: Dynamo's PGO profiles and
+  precompiled packages (stored as they are, never unpickled; of a stored row and a file of one
+  key, the one modified later wins).
 - ``triton/<device>/<key>/<file>``: Triton's kernel cache (every file of every key directory,
   group files included).
 - ``<k[1:3]>/<k>*.so``: C++ kernel libraries (``CppCodeCache``). Their host key
@@ -61,7 +62,7 @@ __all__ = ["KINDS", "ImportReport", "Importer", "Problem", "scan"]
 #: Kinds of files, as counted in reports.
 KINDS = (
     "fxgraph", "aotautograd", "autotune_timings", "local_cache_values", "best_config", "cutlass_op_list",
-    "triton_kernel_file", "cpp_kernel", "pgo_profile",
+    "triton_kernel_file", "cpp_kernel", "pgo_profile", "dynamo_package",
 )
 
 #: Guarded entry files from which an import checks them in worker processes
@@ -497,6 +498,9 @@ class Importer:
             pgo = PGO_FILE.fullmatch(item.rel.rsplit("/", 1)[-1])
             assert pgo is not None
             self._import_dynamo(repos, "pgo", pgo.group(1), item, data, fp_id, report, "pgo_profile")
+        elif item.kind == "precompile":
+            self._import_dynamo(repos, "precompile", item.rel.split("/")[1], item, data, fp_id, report,
+                                "dynamo_package")
 
     @staticmethod
     def _import_dynamo(

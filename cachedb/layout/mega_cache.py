@@ -18,6 +18,7 @@ Mega-Cache type     key, content                             cachedb
 ``pgo``             PGO cache key, pickled code state        ``pgo_profiles`` (key: its file
                                                              name's, :func:`~cachedb.repositories.
                                                              dynamo.pgo_key`)
+``precompile``      source id, pickled Dynamo package         ``dynamo_packages``
 others                                                       counted and skipped (not stored)
 ==================  =======================================  ==================================
 
@@ -32,7 +33,7 @@ Reading differs from ``CacheArtifactManager.deserialize`` in three ways, all on 
 
 Pickles are never executed: ``guards_expr`` and the compile time of FX / AOTAutograd entries are
 read from the opcode stream (:func:`cachedb.formats.pickle_scan.read_entry_fields`); Dynamo's
-pickles (PGO profiles) are stored as they are. Two ``pgo`` artifacts of one key (a blob saved
+pickles (PGO profiles, precompiled packages) are stored as they are. Two ``pgo`` artifacts of one key (a blob saved
 after the profile changed holds both): the later one in the blob wins, as torch's
 ``load_cache_artifacts`` writes one after the other.
 """
@@ -63,9 +64,10 @@ __all__ = [
 ]
 
 #: Mega-Cache artifact type -> cachedb kind, for the types cachedb stores.
-KIND_OF_TYPE = {"inductor": "fxgraph", "aot_autograd": "aotautograd", "autotune": "best_config", "pgo": "pgo_profile"}
+KIND_OF_TYPE = {"inductor": "fxgraph", "aot_autograd": "aotautograd", "autotune": "best_config", "pgo": "pgo_profile",
+                "precompile": "dynamo_package"}
 #: The order types are written in (torch writes them in the order of first record).
-_EXPORT_ORDER = ("inductor", "aot_autograd", "autotune", "pgo")
+_EXPORT_ORDER = ("inductor", "aot_autograd", "autotune", "pgo", "precompile")
 
 #: FX / AOTAutograd keys: ``"f"``/``"a"`` + a hash; one path component when exported.
 _GUARDED_KEY = {"inductor": re.compile(r"f[A-Za-z0-9_\-]+"), "aot_autograd": re.compile(r"a[A-Za-z0-9_\-]+")}
@@ -79,7 +81,7 @@ class ArtifactImportReport:
 
     ``artifacts[type]`` counts the artifacts of each Mega-Cache type in the blob;
     ``added[kind]`` / ``unchanged[kind]`` the stored ones per cachedb kind (``fxgraph``,
-    ``aotautograd``, ``best_config``, ``pgo_profile``); ``skipped[type]`` the artifacts of types
+    ``aotautograd``, ``best_config``, ``pgo_profile``, ``dynamo_package``); ``skipped[type]`` the artifacts of types
     cachedb does not store (unknown ones). ``problems``: artifacts that were not stored
     (bad pickle, bad key, ...), the rest was; ``notes``: what was skipped and why.
     """
@@ -122,8 +124,9 @@ def _torch_cache() -> tuple[Any, Any]:
 
 def build_artifacts(db: CacheDB) -> ArtifactExport:
     """A Mega-Cache blob of every FX graph entry (type ``inductor``), AOTAutograd entry
-    (``aot_autograd``), best config (``autotune``) and PGO profile (``pgo``, keyed by its file
-    name's key: torch's ``populate_cache`` writes it to the same file) in ``db``.
+    (``aot_autograd``), best config (``autotune``), PGO profile (``pgo``, keyed by its file
+    name's key: torch's ``populate_cache`` writes it to the same file) and precompiled Dynamo
+    package (``precompile``) in ``db``.
 
     Every stored variant of a key becomes one artifact (torch's own blobs hold several
     artifacts per key too: ``CacheArtifactManager.record_artifact`` dedups on key *and*
@@ -287,8 +290,8 @@ def import_artifacts(
     where: str = "<blob>",
     fingerprint: Fingerprint | None = None,
 ) -> ArtifactImportReport:
-    """Store the FX graph, AOTAutograd, best-config and PGO artifacts of a Mega-Cache blob in
-    ``db`` (one transaction). Re-importing is idempotent. Artifacts of other types (unregistered
+    """Store the FX graph, AOTAutograd, best-config, PGO and precompile artifacts of a Mega-Cache
+    blob in ``db`` (one transaction). Re-importing is idempotent. Artifacts of other types (unregistered
     ones) are counted in ``skipped`` with a note; an artifact that
     cannot be stored (a bad pickle, a key that is not a cache key) is listed in ``problems``
     and the others are stored. ``fingerprint``, when given, is attributed to every entry.

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .._errors import NotAnInductorCacheError
-from ..repositories.dynamo import PGO_FILE
+from ..repositories.dynamo import PACKAGE_KEY, PGO_FILE
 
 __all__ = ["BATCH_BYTES", "BATCH_FILES", "CUTLASS_FILE", "GUARDED_KINDS", "Item", "Problem", "Scanner",
            "bytes_of", "scan"]
@@ -41,7 +41,7 @@ class Item:
     """A file an import reads: its kind, path, path relative to the cache directory, and size
     (bytes, from its stat)."""
 
-    kind: str  # "fxgraph" | "aotautograd" | "cache" | "best_config" | "cutlass" | "triton" | "cpp" | "pgo"
+    kind: str  # "fxgraph" | "aotautograd" | "cache" | "best_config" | "cutlass" | "triton" | "cpp" | "pgo" | "precompile"
     full: str  # the file's path (str: pathlib's parsing costs more than reading a small file)
     rel: str
     size: int
@@ -132,10 +132,15 @@ def _classify(root: str, scanner: Scanner) -> Iterator[Item]:
             else:
                 scanner.problems.append(Problem(rel, "unexpected name: expected cache/<64-hex system hash>"))
         elif top == "dynamo":
-            # dynamo/code_state_<key>.pkl (PGO; its .lock and .tmp beside it are not)
+            # dynamo/code_state_<key>.pkl (PGO; its .lock and .tmp beside it are not) and
+            # dynamo/<source id>/entry (precompiled packages; write_atomic's temporaries are
+            # dot-files, skipped above)
             if len(parts) == 2 and PGO_FILE.fullmatch(name):
                 scanner.looks_like_cache = True
                 yield Item("pgo", path, rel, size)
+            elif len(parts) == 3 and name == "entry" and PACKAGE_KEY.fullmatch(parts[1]):
+                scanner.looks_like_cache = True
+                yield Item("precompile", path, rel, size)
             else:
                 scanner.ignored += 1
         elif name.endswith(".best_config"):

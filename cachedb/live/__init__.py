@@ -27,7 +27,7 @@ from typing import Any
 from ..store.engine import default_location, to_url
 from .._errors import TorchUnavailableError
 from ..keys._versions import untested_torch_warning
-from . import _autoload, _seams
+from . import _autoload, _precompile, _seams
 from ._remote import ENV_REMOTE_TIMEOUT, ENV_REMOTE_URL, DEFAULT_REMOTE_TIMEOUT_S, RemoteTier
 from ._seams import SeamMissingError
 from ._store import DEFAULT_LIVE_TIMEOUT_S, LiveStore
@@ -103,6 +103,7 @@ def install(
     remote: str | None = None,
     remote_timeout_s: float | None = None,
     write_behind: bool | None = None,
+    precompile: bool | None = None,
 ) -> LiveStore:
     """Make Inductor store and find its caches in the database at ``path``.
 
@@ -141,6 +142,15 @@ def install(
     imports Inductor's cache modules (:mod:`cachedb.live._autoload`); an explicit ``install``
     replaces that activation.
 
+    Dynamo's PGO profiles (with ``TORCH_COMPILE_JOB_ID`` set) are served from the database
+    too (:mod:`cachedb.live._pgo`). ``precompile=True`` turns on torch's experimental caching
+    precompile in this process (``torch._dynamo.config.caching_precompile``, what
+    ``TORCH_CACHING_PRECOMPILE=1`` sets; ``False`` turns it off, ``None`` leaves it): the
+    precompiled Dynamo packages are read from the database when ``torch.compile`` wraps a
+    function, and those this process compiled are stored when it exits (or at ``uninstall``),
+    without a ``torch.compiler.save_cache_artifacts()`` call (:mod:`cachedb.live._precompile`).
+    With it on, Dynamo drops some guards (docs/dynamo-caches.md): off unless asked.
+
     Raises :class:`TorchUnavailableError` without torch, and :class:`SeamMissingError` when
     the installed torch (or Triton) lacks a seam (nothing is patched then). A database that
     cannot be opened does not raise: it logs one warning and every lookup is a miss.
@@ -152,6 +162,10 @@ def install(
         import torch  # noqa: F401
     except ImportError as exc:
         raise TorchUnavailableError(f"cachedb.install needs torch: {exc}") from exc
+    if precompile is not None:
+        import torch._dynamo.config as dynamo_config
+
+        dynamo_config.caching_precompile = bool(precompile)
     _setup_trace_log()
     with _lock:
         if _active is not None:
@@ -352,6 +366,7 @@ def _close_at_exit() -> None:
     if _active is None:
         return
     store = _active[0]
+    _precompile.save_packages()  # what save_cache_artifacts() saves of precompile, stored
     if not store.flush():  # queued FX graph / AOTAutograd puts, before the checkpoint
         log.warning("cachedb: queued FX graph/AOTAutograd writes were not all written at exit")
     store.flush_hits()
@@ -395,6 +410,8 @@ def uninstall() -> None:
     """Restore torch's own file caches and the environment ``install`` changed (a deferred
     activation from the environment is disarmed: it does not come back in this process)."""
     global _active, _deferred
+    if _active is not None:
+        _precompile.save_packages()  # the packages compiled while installed, stored
     _flush_active()
     with _lock:
         if _active is None:
@@ -433,15 +450,24 @@ def installed(
     remote: str | None = None,
     remote_timeout_s: float | None = None,
     write_behind: bool | None = None,
+    precompile: bool | None = None,
 ) -> Iterator[LiveStore]:
     """``with cachedb.installed("cache.db"): model = torch.compile(model); model(x)``
-    (:func:`install`'s arguments; the queued writes are written when the block ends)."""
+    (:func:`install`'s arguments; the queued writes, and with ``precompile`` the packages
+    compiled, are written when the block ends, and ``caching_precompile`` is set back)."""
+    before = None
+    if precompile is not None:
+        import torch._dynamo.config as dynamo_config
+
+        before = dynamo_config.caching_precompile
     store = install(path, timeout_s=timeout_s, trust=trust, retune=retune, remote=remote,
-                    remote_timeout_s=remote_timeout_s, write_behind=write_behind)
+                    remote_timeout_s=remote_timeout_s, write_behind=write_behind, precompile=precompile)
     try:
         yield store
     finally:
         uninstall()
+        if before is not None:
+            dynamo_config.caching_precompile = before
 
 
 __all__ = [

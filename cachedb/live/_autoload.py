@@ -47,13 +47,14 @@ def _warn(message: str, *args: object) -> None:
     logging.getLogger("cachedb.live").warning(message, *args)
 
 #: The torch modules whose attributes cachedb patches (:mod:`cachedb.live._seams`), in the order
-#: torch 2.13 finishes importing them for a first ``torch.compile``: the C++ builder and Dynamo's
-#: PGO profiles (both imported by ``torch._dynamo``), the FX graph cache, the AOTAutograd
-#: cache, ``LocalAutotuneCache``, the Triton autotuner, the CUTLASS op-list cache (torch >=
-#: 2.11, then 2.9/2.10).
+#: torch 2.13 finishes importing them for a first ``torch.compile``: the C++ builder, Dynamo's
+#: PGO profiles and its precompiled packages (imported by ``torch._dynamo``), the FX graph
+#: cache, the AOTAutograd cache, ``LocalAutotuneCache``, the Triton autotuner, the CUTLASS
+#: op-list cache (torch >= 2.11, then 2.9/2.10).
 SEAM_MODULES = (
     "torch._inductor.cpp_builder",
     "torch._dynamo.pgo",
+    "torch._dynamo.package",
     "torch._inductor.codecache",
     "torch._functorch._aot_autograd.autograd_cache",
     "torch._inductor.runtime.autotune_cache",
@@ -69,10 +70,10 @@ SEAM_MODULES = (
 #: ``CppBuilder.build`` is looked up on the class at each build, and every build of a compile
 #: comes after ``torch._inductor.codecache`` has been imported (``CppCodeCache``,
 #: ``VecISA.check_build``), which activates cachedb and patches the builder then.
-#: Dynamo's PGO module (``torch._dynamo.pgo``) likewise: ``torch._dynamo`` imports it, and the
-#: first profile is read while Dynamo traces the first frame, after ``torch.compile`` with
-#: Inductor imported ``codecache``.
-PATCHED_AT_ACTIVATION = frozenset({"torch._inductor.cpp_builder", "torch._dynamo.pgo"})
+#: Dynamo's PGO and package modules likewise: ``torch._dynamo`` imports them, the first profile
+#: is read while Dynamo traces the first frame and the first package when ``torch.compile``
+#: wraps a function, both after ``torch.compile`` with Inductor imported ``codecache``.
+PATCHED_AT_ACTIVATION = frozenset({"torch._inductor.cpp_builder", "torch._dynamo.pgo", "torch._dynamo.package"})
 
 
 class _AutomaticGCOff:

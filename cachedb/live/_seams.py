@@ -24,6 +24,9 @@ Triton is installed; not with ``retune=True``)          winners, :mod:`cachedb.l
 ``torch._dynamo.pgo``: ``get_local_code_state``,        ``pgo_profiles`` (:mod:`cachedb.live._pgo`;
 ``put_local_code_state``,                               the remote PGO halves stay torch's)
 ``PGOCacheArtifact.populate_cache`` (Mega-Cache)
+``torch._dynamo.package``: ``DiskDynamoCache.load``,     ``dynamo_packages``
+``read``, ``_write_to_local_cache`` (torch >= 2.10;      (:mod:`cachedb.live._precompile`)
+files on 2.9)
 =====================================================  ==========================================
 
 All of them or none: :func:`build` (``cachedb.install``) raises :class:`SeamMissingError`
@@ -49,7 +52,7 @@ from typing import Any
 
 from .._errors import CacheDBError
 from ._autoload import spec_from_others
-from . import _pgo
+from . import _pgo, _precompile
 from ._cpp_cache import wrap_build, wrap_worker_compile_cpp
 from ._store import LazyLocalCache, LiveStore
 
@@ -63,6 +66,8 @@ CODECACHE, AOT_CACHE, AUTOTUNE_CACHE, CPP_BUILDER = (
 TRITON_HEURISTICS = "torch._inductor.runtime.triton_heuristics"
 #: Dynamo's PGO module (:mod:`cachedb.live._pgo`).
 PGO = _pgo.MODULE
+#: Dynamo's precompiled packages (:mod:`cachedb.live._precompile`).
+PACKAGE = _precompile.MODULE
 
 #: Where ``maybe_fetch_ops`` lives: torch >= 2.11, then 2.9/2.10.
 _CUTLASS_MODULES = (
@@ -455,6 +460,10 @@ def _pgo_seams(store: LiveStore) -> list[_Patch]:
         raise SeamMissingError(f"torch seam missing: {exc}") from exc
 
 
+def _precompile_seams(store: LiveStore) -> list[_Patch]:
+    return [_Patch(owner, name, new) for owner, name, new in _precompile.patches(store, _require(PACKAGE))]
+
+
 def _autotune_seams() -> list[_Patch]:
     from . import _autotune
 
@@ -480,6 +489,8 @@ def module_patches(name: str, store: LiveStore, *, retune: bool = False) -> list
         return _cpp_builder_seam()
     if name == PGO:
         return _pgo_seams(store)
+    if name == PACKAGE:
+        return _precompile_seams(store)
     if name == TRITON_HEURISTICS:
         return _autotune_seams() if not retune and triton_available() else []
     for cache_mod, gemm_mod, utils_mod, config_ns in _CUTLASS_MODULES:
@@ -493,7 +504,7 @@ def build(store: LiveStore, *, retune: bool = False) -> list[_Patch]:
     patched when torch imports it). Raises :class:`SeamMissingError` if one is missing.
     ``retune``: keep torch's own ``recheck_autotune_cache`` (re-measure stored winners)."""
     patches: list[_Patch] = []
-    for name in (CODECACHE, AOT_CACHE, AUTOTUNE_CACHE, CPP_BUILDER, PGO):
+    for name in (CODECACHE, AOT_CACHE, AUTOTUNE_CACHE, CPP_BUILDER, PGO, PACKAGE):
         patches += module_patches(name, store, retune=retune)
     patches += _cutlass_seams(store)
     if not retune and triton_available():

@@ -4,6 +4,7 @@
 kind             table                   torch's file under ``cache_dir()``              key
 ===============  ======================  ==============================================  ==========
 ``pgo``          ``pgo_profiles``        ``dynamo/code_state_<key>.pkl``                 file name
+``precompile``   ``dynamo_packages``     ``dynamo/<source id>/entry``                    source id
 ===============  ======================  ==============================================  ==========
 
 The kinds are named after their Mega-Cache artifact types (torch/compiler/_cache.py). A row's
@@ -48,6 +49,8 @@ LABELS = {"pgo": "pgo_profile", "precompile": "dynamo_package"}
 _PGO_UNSAFE = re.compile(r'[<>:"/\\|?*]')
 #: ``dynamo/code_state_<key>.pkl``: a PGO profile file (the key is group 1).
 PGO_FILE = re.compile(r"code_state_(.+)\.pkl")
+#: A package key: one path component (torch's are 64 hex digits).
+PACKAGE_KEY = re.compile(r"[A-Za-z0-9_.-]+")
 
 
 def pgo_key(cache_key: str) -> str:
@@ -76,12 +79,16 @@ def check_key(kind: str, key: str) -> None:
         raise BadInputError(key or "<empty>", f"not a {kind} key: 1 to {limit} printable characters")
     if kind == "pgo" and _PGO_UNSAFE.search(key):
         raise BadInputError(key, 'not a PGO key as its file name holds it (no <>:"/\\|?*)')
+    if kind == "precompile" and (not PACKAGE_KEY.fullmatch(key) or key in (".", "..")):
+        raise BadInputError(key, "not a package key: one directory name (a source id)")
 
 
 def file_of(kind: str, key: str) -> str:
     """The path, relative to ``cache_dir()``, of the file torch keeps the entry ``key`` in."""
     if kind == "pgo":
         return f"dynamo/code_state_{key}.pkl"
+    if kind == "precompile":
+        return f"dynamo/{key}/entry"
     raise ValueError(f"unknown Dynamo cache kind {kind!r}")
 
 

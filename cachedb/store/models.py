@@ -32,7 +32,7 @@ __all__ = [
     "NEWEST_WINS_COMPARED", "VIEW_NAMES", "utcnow",
     "Base", "SystemFingerprint", "GuardedEntry", "AutotuneKey", "AutotuneRun", "AutotuneTiming",
     "LocalCacheValue", "BestConfig", "QuarantinedEntry", "CutlassOpList", "CutlassOp", "KernelBlob",
-    "KernelArtifact", "PgoProfile",
+    "KernelArtifact", "PgoProfile", "DynamoPackage",
 ]
 
 
@@ -359,6 +359,36 @@ class PgoProfile(Base):
     """
 
     __table__ = tables.pgo_profiles
+
+    id: Mapped[int]
+    key: Mapped[str]
+    payload: Mapped[bytes]
+    size_bytes: Mapped[int]
+    checksum: Mapped[str]
+    signature: Mapped[Optional[str]]
+    fingerprint_id: Mapped[Optional[int]]
+    created_at: Mapped[dt.datetime]
+    updated_at: Mapped[dt.datetime]
+    last_used_at: Mapped[dt.datetime]
+    hit_count: Mapped[int]
+
+
+class DynamoPackage(Base):
+    """A precompiled Dynamo package (torch's caching precompile, torch/_dynamo/package.py),
+    revision 0007.
+
+    ``key`` is the compiled function's source id (``CompilePackage.source_id_from_fn``: the
+    SHA-256 of its qualified name and first line), the directory ``DiskDynamoCache`` keeps
+    ``dynamo/<key>/entry`` in. ``payload`` is that file's pickle (a ``PrecompileCacheEntry``:
+    Dynamo's bytecode and guards for every frame of the function, and the backends they need),
+    stored as a checksummed payload and handed back to torch as it is: cachedb never unpickles
+    it. One row per key, the newer ``updated_at`` wins (a process saves the package it loaded
+    plus what it compiled). torch checks the package's Python, torch and GPU toolkit versions
+    when it installs it (``SystemInfo.check_compatibility``). ``last_used_at`` (indexed) and
+    ``hit_count`` count serves (eviction).
+    """
+
+    __table__ = tables.dynamo_packages
 
     id: Mapped[int]
     key: Mapped[str]

@@ -20,6 +20,7 @@ table                        Inductor artifact
 ``quarantined_entries``      entries that failed their checksum or signature (guarded entries,
                              PGO profiles, Dynamo packages)
 ``pgo_profiles``             ``dynamo/code_state_<key>.pkl`` (Dynamo's PGO profiles, revision 0006)
+``dynamo_packages``          ``dynamo/<source id>/entry`` (precompiled Dynamo packages, revision 0007)
 ===========================  ==================================================================
 
 What each column holds is documented on its typed ORM class in :mod:`cachedb.store.models`, which
@@ -81,11 +82,12 @@ NATURAL_KEY_COLUMNS = {
 #: Columns compared to tell whether a newest-wins row (the same key on both sides) changed.
 NEWEST_WINS_COMPARED = {
     "local_cache_values": ("value_json",), "best_configs": ("content",), "pgo_profiles": ("checksum",),
+    "dynamo_packages": ("checksum",),
 }
 
 #: Dynamo's own caches, by their Mega-Cache artifact type (torch/compiler/_cache.py): the table
 #: of each (:mod:`cachedb.repositories.dynamo`). One row per key, the newer ``updated_at`` wins.
-DYNAMO_TABLES = {"pgo": "pgo_profiles"}
+DYNAMO_TABLES = {"pgo": "pgo_profiles", "precompile": "dynamo_packages"}
 
 
 def utcnow() -> dt.datetime:
@@ -320,6 +322,11 @@ def _dynamo_table(name: str, key_length: int) -> Table:
 #: torch gives the file (``code_state_path``, torch/_dynamo/pgo.py: the PGO cache key with
 #: ``<>:"/\|?*`` made ``_``).
 pgo_profiles = _dynamo_table("pgo_profiles", 512)
+
+#: Precompiled Dynamo packages (revision 0007): ``dynamo/<source id>/entry`` of torch's
+#: ``DiskDynamoCache``, keyed by the compiled function's source id
+#: (``CompilePackage.source_id_from_fn``, torch/_dynamo/package.py).
+dynamo_packages = _dynamo_table("dynamo_packages", 128)
 
 
 #: Views created by the migrations. Every timing flat (0004_compact_timings.py):

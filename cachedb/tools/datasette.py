@@ -138,6 +138,13 @@ TABLES: dict[str, dict[str, Any]] = {
                     "hit_count": "processes served", "updated_at": "the newer of two profiles of a key wins"},
         "units": {"size_bytes": _BYTES},
     },
+    "dynamo_packages": {
+        "description": "Precompiled Dynamo packages (dynamo/<source id>/entry, torch's caching precompile): "
+                       "Dynamo's output and the backends it needs, per compiled function; never unpickled by cachedb.",
+        "columns": {"key": "the compiled function's source id (SHA-256 of its qualified name and first line)",
+                    "hit_count": "processes served", "updated_at": "the newer of two packages of a key wins"},
+        "units": {"size_bytes": _BYTES},
+    },
     "alembic_version": {"description": "Schema revision (Alembic).", "hidden": True},
     # views
     "autotune_current": {
@@ -219,6 +226,7 @@ LEFT JOIN (
     UNION ALL SELECT fingerprint_id, updated_at FROM best_configs
     UNION ALL SELECT fingerprint_id, updated_at FROM local_cache_values
     UNION ALL SELECT fingerprint_id, last_used_at FROM pgo_profiles
+    UNION ALL SELECT fingerprint_id, last_used_at FROM dynamo_packages
   ) WHERE fingerprint_id IS NOT NULL GROUP BY fingerprint_id
 ) u ON u.fingerprint_id = f.id
 WHERE u.last_used_at IS NULL OR julianday('now') - julianday(u.last_used_at) > CAST(:days AS REAL)

@@ -1,0 +1,140 @@
+"""Precompiled Dynamo packages (torch's *caching precompile*) read from and written to the database.
+
+With ``torch._dynamo.config.caching_precompile`` on (``TORCH_CACHING_PRECOMPILE=1``, or
+``cachedb.install(precompile=True)``), ``torch.compile(fn)`` asks ``DynamoCache`` for a package
+of ``fn`` (``_optimize_catch_errors.__call__``, torch/_dynamo/eval_frame.py): Dynamo's output for
+every frame it compiled of ``fn`` (bytecode, guards) and the backends they need (the bundled
+AOTAutograd entries). A hit installs them and skips Dynamo's tracing; ``counters["dynamo_cache"]``
+counts ``dynamo_cache_hit``, ``_miss`` and ``_error``. torch 2.10 to 2.15 keep the packages in
+``DiskDynamoCache`` (torch/_dynamo/package.py), one file per function,
+``cache_dir()/dynamo/<source id>/entry`` (``CompilePackage.source_id_from_fn``: the SHA-256 of
+the function's qualified name and first line), a pickled ``PrecompileCacheEntry``.
+
+torch writes them only inside ``torch.compiler.save_cache_artifacts()``
+(``PrecompileContext.save_to_dynamo_cache``, torch/_dynamo/precompile_context.py): a program
+that never calls it saves nothing. Under cachedb :func:`save_packages` does it when the process
+exits (``cachedb.live``'s exit hook) and at ``uninstall``, so turning precompile on is enough.
+
+:func:`patches` replaces three methods of ``DiskDynamoCache`` (the class of torch's one
+``DynamoCache``; a ``DiskDynamoStore`` a program makes itself keeps its files):
+
+- ``load(fn)``: the package from ``dynamo_packages`` (:mod:`cachedb.repositories.dynamo`),
+  unpickled here as torch's ``read`` does, its backends recorded in the ``PrecompileContext``,
+  the same counters; a row that fails its checks is quarantined by the store (one warning, a
+  miss);
+- ``read(key)``: the same row for torch's other readers (``load_cache_entry``);
+- ``_write_to_local_cache(pickle, key)``: every write (``save_to_dynamo_cache`` and a Mega-Cache
+  ``precompile`` artifact's ``populate_cache``) goes to the database.
+
+torch marks the feature experimental (torch/_dynamo/config.py: "Experimental feature for running
+automatic caching precompile"), and with it on Dynamo drops the ``ID_MATCH``, ``CLOSURE_MATCH``,
+``WEAKREF_ALIVE`` and ``DICT_VERSION`` guards (torch/_dynamo/guards.py, "guard on %s is dropped
+with caching_precompile=True"): see docs/dynamo-caches.md. Off unless asked.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+from collections.abc import Callable
+from typing import Any
+
+from ._store import LiveStore
+
+log = logging.getLogger("cachedb.live")
+
+#: The module whose class is patched.
+MODULE = "torch._dynamo.package"
+
+#: What :func:`patches` needs of ``DiskDynamoCache`` (torch 2.10 to 2.15; 2.9 has no
+#: ``_write_to_local_cache``, and cachedb leaves its packages to files).
+REQUIRED = ("load", "read", "_write_to_local_cache", "load_cache_entry")
+
+
+def _key_of(path: str) -> str | None:
+    """The package key torch passes as a ``path`` (a source id), or ``None`` for a path that
+    names a file elsewhere (torch's own readers then use it)."""
+    return path if path and os.sep not in path and "/" not in path and path not in (".", "..") else None
+
+
+def patches(store: LiveStore, package: Any) -> list[tuple[Any, str, Callable[..., Any]]]:
+    """``(owner, attribute, replacement)`` of each seam of ``package`` (the imported
+    ``torch._dynamo.package``); none where this torch lacks one of :data:`REQUIRED` (its
+    packages stay files)."""
+    cls = getattr(package, "DiskDynamoCache", None)
+    if cls is None or not all(hasattr(cls, name) for name in REQUIRED) or not hasattr(package, "CompilePackage"):
+        log.debug("cachedb: %s has no DiskDynamoCache seam: precompiled packages stay files", MODULE)
+        return []
+    original_read = cls.read
+    original_write = cls._write_to_local_cache
+
+    def counters() -> Any:
+        return package.counters["dynamo_cache"]
+
+    def read(self: Any, path: str) -> Any:
+        """``DiskDynamoStore.read`` (torch/_dynamo/package.py) from the database."""
+        key = _key_of(path)
+        if key is None:
+            return original_read(self, path)
+        content = store.dynamo_get("precompile", key)
+        if content is None:
+            raise RuntimeError(f"Failed to load package from path {key}: not in cachedb")
+        try:
+            return pickle.loads(content)
+        except Exception as exc:
+            raise RuntimeError(f"Failed to load package from path {key}: {exc}") from exc
+
+    def load(self: Any, fn: Callable[..., Any]) -> Any:
+        """``DiskDynamoCache.load`` (torch/_dynamo/package.py) from the database: a package
+        stored under ``fn``'s source id is a hit, its backends recorded as torch records them."""
+        key = package.CompilePackage.source_id_from_fn(fn)
+        content = store.dynamo_get("precompile", key)
+        if content is None:
+            package.logger.info("No package found for %s", key)
+            counters()["dynamo_cache_miss"] += 1
+            return None
+        try:
+            entry = pickle.loads(content)
+            from torch._dynamo.precompile_context import BackendCacheArtifact, PrecompileContext
+
+            for backend in entry.backends.values():
+                if not isinstance(backend, BackendCacheArtifact):
+                    raise AssertionError(f"Expected BackendCacheArtifact, got {type(backend)}")
+                PrecompileContext.record_artifact(backend)
+        except Exception:
+            counters()["dynamo_cache_error"] += 1
+            package.logger.warning("Failed to load package %s from cachedb", key, exc_info=True)
+            return None
+        counters()["dynamo_cache_hit"] += 1
+        return entry
+
+    def write_to_local_cache(self: Any, pickled_content: bytes, path: str) -> None:
+        """``DiskDynamoStore._write_to_local_cache`` into the database."""
+        key = _key_of(path)
+        if key is None:
+            original_write(self, pickled_content, path)
+            return
+        store.dynamo_put("precompile", key, bytes(pickled_content))
+
+    return [(cls, "load", load), (cls, "read", read), (cls, "_write_to_local_cache", write_to_local_cache)]
+
+
+def save_packages() -> None:
+    """What ``torch.compiler.save_cache_artifacts()`` does for precompile
+    (``PrecompileContext.save_to_dynamo_cache()``), run by cachedb's exit hook and
+    ``uninstall``: every package this process compiled, stored. Nothing unless ``caching_precompile`` is on and Dynamo was
+    imported; a failure is one warning (the compile already ran)."""
+    import sys
+
+    config = sys.modules.get("torch._dynamo.config")
+    if config is None or not getattr(config, "caching_precompile", False):
+        return
+    context = sys.modules.get("torch._dynamo.precompile_context")
+    if context is None or not getattr(context.PrecompileContext, "_dynamo_cache_entries", None):
+        return
+    try:
+        context.PrecompileContext.save_to_dynamo_cache()
+    except Exception as exc:  # noqa: BLE001 - never the user's failure
+        log.warning("cachedb: saving the precompiled Dynamo packages at exit failed (%s: %s)",
+                    type(exc).__name__, exc)
