@@ -390,6 +390,29 @@ def test_precompiled_packages_from_the_db_hit_for_every_function_warm_local_file
 
 
 @pytest.mark.slow
+def test_a_warm_start_from_the_db_leaves_only_what_the_loaders_need_on_disk(precompile_runs: dict) -> None:
+    """After a warm start from the database into an empty cache dir, PGO and precompile on, the
+    directory holds what Inductor's loaders read from a path and nothing torch reads back as a
+    cache: the generated Python modules it imports (``<k[1:3]>/<k>.py``), the C++ kernels it
+    builds or loads (``.cpp`` source, ``.so`` library, ``.main.*`` of the wrapper; the libraries
+    come from the database), their file locks, and on a GPU Triton's cache directory (filled
+    from the database). No ``fxgraph/``, ``aotautograd/``, ``cache/``, ``dynamo/``, best config
+    or CUTLASS op list."""
+    import re
+
+    out, _ = precompile_runs["runs"]["cachedb warm"]
+    loader_files = re.compile(
+        r"[a-z0-9]{2}/c[a-z0-9]{51}(\.main)?\.(cpp|so)|[a-z0-9]{2}/c[a-z0-9]{51}\.py|locks/c[a-z0-9]{51}\.lock"
+        r"|triton/\d+/[A-Z0-9]{52}/[^/]+")
+    others = [f for f in out["files"] if not loader_files.fullmatch(f)]
+    assert others == [], others
+    assert any(f.endswith(".so") for f in out["files"])  # the kernels, from the database
+    with CacheDB(precompile_runs["db"]) as db, db.read() as repos:
+        profiles = repos.pgo.keys()
+    assert profiles == ["job1_None_"]
+
+
+@pytest.mark.slow
 def test_a_damaged_package_is_quarantined_and_the_compile_goes_on(precompile_runs: dict, tmp_path: Path) -> None:
     import shutil
 
