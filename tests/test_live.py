@@ -335,7 +335,9 @@ def test_corrupt_payload_is_a_miss(tmp_path: Path) -> None:
 def test_missing_seam_refuses_to_install(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     import cachedb
     from torch._inductor import codecache
-    from torch._inductor.remote_cache import LocalAutotuneCache
+    # defined in remote_cache.py from torch 2.13 on, in runtime/autotune_cache.py before; the
+    # latter has the name on every release
+    from torch._inductor.runtime.autotune_cache import LocalAutotuneCache
 
     before = (vars(codecache.FxGraphCache)["_write_to_local_cache"], LocalAutotuneCache.backend_override_cls)
     # Another torch version without this seam: install must refuse and patch nothing.
