@@ -155,13 +155,20 @@ def _guarded_seams(store: LiveStore, cls: type, kind: str) -> list[_Patch]:
     if not isinstance(base, classmethod):
         raise SeamMissingError(f"torch seam missing: a base class of {cls.__name__} with iterate_over_candidates")
     base_iterate = base.__func__
+    # What GuardedCache.find_guarded_entry (torch/_inductor/codecache.py) unpacks from the loop:
+    # (candidate, content, in_local) from torch 2.11 on, (candidate, content) in 2.9 and 2.10.
+    finder = getattr(cls, "find_guarded_entry", None)
+    finder_code = getattr(getattr(finder, "__func__", finder), "__code__", None)
+    if finder_code is None:
+        raise SeamMissingError(f"torch seam missing: {cls.__name__}.find_guarded_entry")
+    yields_in_local = "in_local" in finder_code.co_varnames
 
     def write_to_local_cache(key: str, content: bytes) -> None:
         store.guarded_put(kind, key, content)
 
     def iterate_over_candidates(
         klass: type, local: bool, remote_cache: Any, key: str
-    ) -> Iterator[tuple[Any, bytes, bool]]:
+    ) -> Iterator[tuple[Any, bytes, bool] | tuple[Any, bytes]]:
         if local:
             for variant, content in store.guarded_candidates(kind, key):
                 try:
@@ -170,7 +177,7 @@ def _guarded_seams(store: LiveStore, cls: type, kind: str) -> list[_Patch]:
                     store.warn_once(f"{kind} unpickle", exc)
                     continue
                 try:
-                    yield entry, content, True
+                    yield (entry, content, True) if yields_in_local else (entry, content)
                 except GeneratorExit:
                     # find_guarded_entry stops iterating at the candidate whose guards hold.
                     store.note_hit(kind, key, variant)
