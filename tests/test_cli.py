@@ -131,7 +131,7 @@ READ_COMMANDS = {
     "verify": [],
     "export": ["{tmp}/out"],
     "export-artifacts": ["{tmp}/blob.bin"],
-    "prune": ["--max-bytes", "1"],
+    "prune": ["--max-bytes", "1", "--yes"],
 }
 
 
@@ -471,7 +471,7 @@ def test_ci_runs_the_readme_test_command() -> None:
     assert command == "bash .ci/test"
     ci = [line.strip() for line in (root / ".ci" / "run").read_text().splitlines()
           if line.strip() and not line.strip().startswith("#")]
-    assert ci[-1] == command
+    assert command in ci  # the compatibility run on the newest torch follows it (.ci/compat)
     script = (root / ".ci" / "test").read_text()
     torch_pin, extras, pytest_run = (script.index("pip install -q torch==2.13.0"),
                                      script.index('pip install -q -e ".[torch,dev,cutlass]"'),

@@ -191,7 +191,7 @@ def test_prune_evicts_least_recently_used(tmp_path: Path) -> None:
                              .values(last_used_at=now - dt.timedelta(days=i)))
     result = CliRunner().invoke(main, ["--db", str(path), "prune", "--older-than", "7.5d"])
     assert result.exit_code == 0 and "removed 2 entries" in result.output  # 8 and 9 days old
-    result = CliRunner().invoke(main, ["--db", str(path), "prune", "--max-bytes", "35K", "--vacuum"])
+    result = CliRunner().invoke(main, ["--db", str(path), "prune", "--max-bytes", "35K", "--vacuum", "--yes"])
     assert result.exit_code == 0, result.output
     with CacheDB(path) as db, db.read() as repos:
         left = repos.session.execute(text("SELECT key FROM guarded_entries ORDER BY key")).scalars().all()

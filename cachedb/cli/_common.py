@@ -9,13 +9,15 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import os
+import re
 import sqlite3
 import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import click
 from rich.console import Console
@@ -46,8 +48,151 @@ from ..store.engine import (
 FORMATS = click.Choice(["table", "json", "csv"])
 err = Console(stderr=True, soft_wrap=True)
 
+
+# --------------------------------------------------------------------------- option types
+#
+# Every size, age, count and duration an option takes is checked by its click type while the
+# command line is parsed, before any database is opened: a negative, NaN or infinite value, an
+# empty string or an unknown unit is a usage error (exit status 2, one line naming the option),
+# never a request to delete everything.
+
+_NUMBER = re.compile(r"(?:\d+(?:\.\d*)?|\.\d+)(?:e[+-]?\d+)?", re.IGNORECASE | re.ASCII)
+
+
+def _split(text: str) -> tuple[str, str, str]:
+    """``(sign, number, unit)`` of ``text`` such as ``-1.5d`` (unit: what follows the number)."""
+    t = text.strip()
+    sign = t[:1] if t[:1] in "+-" else ""
+    body = t[len(sign):]
+    m = _NUMBER.match(body)
+    if m is None:
+        return sign, "", body
+    return sign, m.group(0), body[m.end():].strip()
+
+
+class _Measure(click.ParamType):
+    """A non-negative finite number with a unit (:class:`SizeType`, :class:`AgeType`)."""
+
+    name = "measure"
+    units: ClassVar[dict[str, float]] = {}
+    example = ""
+    allow_zero = False
+    zero_hint = ""
+    unit_required = False
+    maximum = float("inf")
+    maximum_text = ""
+
+    def _unit(self, unit: str) -> str | None:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def _number(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        if not isinstance(value, str):
+            value = str(value)
+        text = value.strip()
+        expected = f"expected {self.example}"
+        if not text:
+            self.fail(f"empty; {expected}", param, ctx)
+        sign, number, unit = _split(text)
+        low = text.lower().lstrip("+-").strip()
+        if low.startswith(("nan", "inf")):
+            self.fail(f"{value!r} is not a finite number; {expected}", param, ctx)
+        if not number:
+            self.fail(f"{value!r} is not a number; {expected}", param, ctx)
+        key = self._unit(unit)
+        if key is None:
+            self.fail(f"{value!r}: unknown unit {unit!r}; {expected}", param, ctx)
+        if key == "" and self.unit_required:
+            self.fail(f"{value!r} has no unit; {expected}", param, ctx)
+        if sign == "-":
+            self.fail(f"{value!r} is negative; {expected}", param, ctx)
+        amount = float(number) * self.units[key]
+        if not math.isfinite(amount) or amount > self.maximum:
+            self.fail(f"{value!r} is too large (at most {self.maximum_text}); {expected}", param, ctx)
+        if amount == 0 and not self.allow_zero:
+            self.fail(f"{value!r} is zero{self.zero_hint}; {expected}", param, ctx)
+        return amount
+
+
+class SizeType(_Measure):
+    """A byte size: ``500M``, ``10G``, ``1.5G``, ``512K``, ``4096`` (bytes); K, M, G, T are
+    powers of 1024 (``KB``, ``KiB``, ``MB``, ... alike). Converts to an ``int`` of bytes."""
+
+    name = "size"
+    units: ClassVar[dict[str, float]] = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    example = "a size such as 500M, 10G or 4096 (bytes; K, M, G, T: powers of 1024)"
+    maximum = float(1 << 62)
+    maximum_text = "4E"
+
+    def __init__(self, *, allow_zero: bool = True, zero_hint: str = "") -> None:
+        self.allow_zero = allow_zero
+        self.zero_hint = zero_hint
+
+    def _unit(self, unit: str) -> str | None:
+        u = unit.upper()
+        if u in ("", "B"):
+            return u
+        if u[:1] in "KMGT" and u[1:] in ("", "B", "IB"):
+            return u[:1]
+        return None
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            value = str(value)
+        return int(self._number(value, param, ctx))
+
+
+class AgeType(_Measure):
+    """An age with its unit: ``30d``, ``12h``, ``30m`` (minutes), ``90s``, ``2w``; converts to a
+    :class:`datetime.timedelta`. A bare number is refused (``30``: seconds or days?)."""
+
+    name = "age"
+    units: ClassVar[dict[str, float]] = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+    example = "an age such as 30d, 12h, 30m or 2w (s, m, h, d, w: seconds to weeks)"
+    unit_required = True
+    maximum = 36500 * 86400.0
+    maximum_text = "36500d"
+    _NAMES: ClassVar[dict[str, str]] = {"s": "s", "sec": "s", "secs": "s", "second": "s", "seconds": "s", "m": "m", "min": "m",
+              "mins": "m", "minute": "m", "minutes": "m", "h": "h", "hour": "h", "hours": "h", "d": "d",
+              "day": "d", "days": "d", "w": "w", "week": "w", "weeks": "w"}
+
+    def __init__(self, *, allow_zero: bool = False, zero_hint: str = "") -> None:
+        self.allow_zero = allow_zero
+        self.zero_hint = zero_hint
+
+    def _unit(self, unit: str) -> str | None:
+        if unit == "":
+            return ""
+        return self._NAMES.get(unit.lower())
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        import datetime as dt
+
+        if isinstance(value, dt.timedelta):
+            return value
+        age = dt.timedelta(seconds=self._number(value, param, ctx))
+        if age <= dt.timedelta(0) and not self.allow_zero:  # 1e-9s: below a microsecond
+            self.fail(f"{value!r} is zero{self.zero_hint}; expected {self.example}", param, ctx)
+        return age
+
+
+class DurationType(click.FloatRange):
+    """Seconds as a finite float in ``[min, max]`` (click's :class:`~click.FloatRange` lets
+    ``nan`` and ``inf`` through)."""
+
+    name = "seconds"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and not value.strip():
+            self.fail("empty; expected a number of seconds such as 0.5 or 30", param, ctx)
+        rv = super().convert(value, param, ctx)
+        if not math.isfinite(rv):
+            self.fail(f"{value!r} is not a finite number of seconds", param, ctx)
+        return rv
+
 #: Seconds a command waits on a database locked by another process before it gives up.
 DEFAULT_TIMEOUT_S = 30.0
+#: The longest --timeout (a day): SQLite's busy timeout is a 32-bit count of milliseconds.
+MAX_TIMEOUT_S = 86400
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -211,10 +356,12 @@ class _Context:
         self.where = str(path) if path is not None else url.render_as_string(hide_password=True)
         return location
 
-    def open(self, *, existing: bool = False) -> CacheDB:
+    def open(self, *, existing: bool = False, dry_run: bool = False, upgrade: bool = True) -> CacheDB:
         """The command's database. ``existing``: a command that reads or trims a database
         (stats, query, verify, export, prune): it never creates a file, a directory or a
-        schema, and says there is no database instead."""
+        schema, and says there is no database instead. ``dry_run`` (with ``existing``): not
+        even an older schema is upgraded; one not at this cachedb's revision is refused.
+        ``upgrade=False`` (with ``existing``): an older schema is left as it is."""
         location = self._resolve()
         if not existing:
             return CacheDB(location, busy_timeout_s=self.timeout)
@@ -232,11 +379,46 @@ class _Context:
                     f"no cachedb database at {db.where}: it has no cachedb schema "
                     f"(`cachedb --db {db.where} init` creates one)"
                 )
-            db.upgrade()  # an older cachedb schema is brought up to date, as on every open
+            if dry_run:
+                _require_head(db)
+            elif upgrade:
+                db.upgrade()  # an older cachedb schema is brought up to date, as on every open
         except BaseException:
             db.close()
             raise
         return db
+
+
+def _require_head(db: CacheDB) -> None:
+    """Refuse (changing nothing) a database whose schema this cachedb would upgrade first."""
+    from ..store.migrate import HEAD_REVISION
+
+    revision = db.revision()
+    if revision != HEAD_REVISION:
+        raise DatabaseOpenError(
+            f"{db.where}: schema revision {revision}, not this cachedb's {HEAD_REVISION}: the command would "
+            f"upgrade it first (`cachedb --db {db.where} upgrade --dry-run` shows how); nothing was changed")
+
+
+def confirm(summary: str, *, yes: bool) -> None:
+    """Go on with a big change that ``summary`` describes (one sentence, the numbers in it):
+    at once with ``yes``; after asking on a terminal (default: no); otherwise (stdin is not a
+    terminal) refuse, exit status 1, nothing changed."""
+    if yes:
+        return
+    if not stdin_is_terminal():
+        _fail(f"{summary}; nothing was changed: pass --yes to go ahead (stdin is not a terminal to ask on), "
+              "or --dry-run to list what it would change")
+    if not click.confirm(f"{_printable(summary)}. Go ahead?", default=False, err=True):
+        _fail("nothing was changed")
+
+
+def stdin_is_terminal() -> bool:
+    """Whether a question can be asked on standard input."""
+    try:
+        return sys.stdin is not None and sys.stdin.isatty()
+    except (AttributeError, ValueError, OSError):
+        return False
 
 
 def _require_database_file(path: Path, timeout: float = DEFAULT_TIMEOUT_S) -> None:
@@ -249,6 +431,8 @@ def _require_database_file(path: Path, timeout: float = DEFAULT_TIMEOUT_S) -> No
         raise DatabaseOpenError(f"{path}: cannot read: {exc.strerror or exc}") from exc
     if path.is_dir():
         raise DatabaseOpenError(f"{path}: is a directory, not a database file")
+    if not path.is_file():
+        raise DatabaseOpenError(f"{path}: not a regular file (a device, FIFO or socket), not a database file")
     if st.st_size == 0:
         raise NoDatabaseError(f"no database at {path} (the file is empty)")
     try:
@@ -325,13 +509,14 @@ _DB_HELP = ("SQLite file or SQLAlchemy URL; before or after the command. Default
 _REMOTE_HELP = ("`run` only: a shared database (SQLAlchemy URL, e.g. PostgreSQL) behind --db: local "
                 "misses are looked up there and copied into --db; local writes are copied there. "
                 "Default: $CACHEDB_REMOTE_URL.")
-_TIMEOUT_HELP = f"Seconds to wait for a database another process has locked (default {DEFAULT_TIMEOUT_S:g})."
+_TIMEOUT_HELP = (f"Seconds to wait for a database another process has locked (default {DEFAULT_TIMEOUT_S:g}; "
+                 f"0: fail at once; at most {MAX_TIMEOUT_S}), e.g. --timeout 120.")
 
 
 def db_options(func: F) -> F:
     """``--db`` and ``--timeout`` on a subcommand too (``cachedb stats --db x.db``): a value
     given after the command overrides the one given before it."""
-    func = click.option("--timeout", type=click.FloatRange(min=0), metavar="SECONDS", expose_value=False,
+    func = click.option("--timeout", type=DurationType(min=0, max=MAX_TIMEOUT_S), metavar="SECONDS", expose_value=False,
                         callback=_set_timeout, help=_TIMEOUT_HELP)(func)
     func = click.option("--db", metavar="PATH|URL", type=click.Path(path_type=str), expose_value=False,
                         callback=_set_location, help=_DB_HELP)(func)
@@ -341,12 +526,35 @@ def db_options(func: F) -> F:
 pass_ctx = click.make_pass_decorator(_Context)
 
 
+def _bad_parameter(exc: click.UsageError) -> None:
+    """A value an option refused (a negative size, an unknown unit, ...) or another usage error:
+    one line (naming the option), exit status 2, before any database is opened."""
+    if isinstance(exc, getattr(click.exceptions, "NoArgsIsHelpError", ())):
+        raise exc  # `cachedb` alone: click prints the help
+    message = exc.format_message()
+    if not isinstance(exc, click.BadParameter) and exc.ctx is not None:
+        message += f" (see `{exc.ctx.command_path} --help`)"
+    err.print(Text("error: ", style="bold red") + Text(_printable(message)), highlight=False)
+    sys.exit(exc.exit_code)
+
+
 class _Group(click.Group):
-    """Turns every error into one clear line naming the database, and exit status 1."""
+    """Turns every error into one clear line naming the database, and exit status 1; a value
+    an option refuses into one line naming the option, and exit status 2."""
+
+    def make_context(self, info_name: str | None, args: list[str], parent: click.Context | None = None,
+                     **extra: Any) -> click.Context:
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except click.UsageError as exc:
+            _bad_parameter(exc)
+            raise  # pragma: no cover - _bad_parameter exits
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except click.UsageError as exc:
+            _bad_parameter(exc)
         except CacheDBError as exc:
             cause = exc.__cause__
             if type(exc) is DatabaseOpenError and isinstance(cause, (SQLAlchemyError, sqlite3.Error)):
@@ -368,7 +576,7 @@ def _fail(message: str) -> None:
              epilog="Shell completion (bash; zsh and fish alike with zsh_source / fish_source):\n\n"
                     "\b\n  eval \"$(_CACHEDB_COMPLETE=bash_source cachedb)\"   # in ~/.bashrc")
 @click.option("--db", "location", metavar="PATH|URL", type=click.Path(path_type=str), help=_DB_HELP)
-@click.option("--timeout", type=click.FloatRange(min=0), default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
+@click.option("--timeout", type=DurationType(min=0, max=MAX_TIMEOUT_S), default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
               help=_TIMEOUT_HELP)
 @click.option("--remote", "remote", metavar="URL", help=_REMOTE_HELP)
 @click.version_option(__version__, prog_name="cachedb")

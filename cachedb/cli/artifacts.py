@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import click
 
@@ -38,7 +39,12 @@ def export_artifacts_cmd(obj: _Context, file: str) -> None:
 
     from .._errors import ExportError
     from ..layout.mega_cache import build_artifacts
+    from ..store.files import refuse_special
 
+    try:  # a device or FIFO (/dev/null) would be replaced by a regular file: refused before any work
+        refuse_special(Path(os.path.abspath(file)))
+    except OSError as exc:
+        raise ExportError(f"{file}: cannot write: {exc.strerror or exc}") from exc
     with obj.open(existing=True) as db:
         result = build_artifacts(db)
     target = os.path.abspath(file)

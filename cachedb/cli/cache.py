@@ -3,6 +3,7 @@ verify, recover."""
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import sys
 
@@ -18,13 +19,18 @@ from ..store.engine import (
 from ._common import (
     _REMOTE_HELP,
     FORMATS,
+    AgeType,
+    DurationType,
+    NoDatabaseError,
     ProgressBar,
+    SizeType,
     _accepts,
     _columns,
     _Context,
     _human,
     _printable,
     _progress_callback,
+    confirm,
     db_options,
     emit,
     err,
@@ -58,11 +64,12 @@ def init(obj: _Context) -> None:
 )
 @click.option(
     "--workers",
-    type=click.IntRange(min=0),
+    type=click.IntRange(min=0, max=64),
     default=None,
+    metavar="N",
     help="Processes that read, check and compress entry files while the database is written "
     "(default: one fewer than the usable CPUs, at most 4, for 1,024 FX graph/AOTAutograd files or more; "
-    "also CACHEDB_IMPORT_WORKERS). 0: all in this process.",
+    "also CACHEDB_IMPORT_WORKERS; at most 64). 0: all in this process.",
 )
 @db_options
 @pass_ctx
@@ -199,97 +206,113 @@ def query(obj: _Context, sql: str, fmt: str) -> None:
 
 
 @main.command()
+@click.option("--dry-run", is_flag=True, help="Print the migrations that would run; change nothing.")
 @db_options
 @pass_ctx
-def upgrade(obj: _Context) -> None:
+def upgrade(obj: _Context, dry_run: bool) -> None:
     """Apply pending schema migrations (under a file lock).
+
+    Creates the database when there is none. --dry-run lists the migrations an upgrade
+    would run, creating and changing nothing.
 
     \b
     Example:
       cachedb --db inductor.db upgrade
+      cachedb --db inductor.db upgrade --dry-run   # which migrations; nothing changes
     """
-    with obj.open() as db:
-        click.echo(_printable(f"{db.where}: schema revision {db.revision()}"))
+    if not dry_run:
+        with obj.open() as db:
+            click.echo(_printable(f"{db.where}: schema revision {db.revision()}"))
+        return
+    from ..store.migrate import head_revision, plan_upgrade
 
-
-def _parse_size(text: str) -> int:
-    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-    t = text.strip().upper().removesuffix("B").removesuffix("I")
-    unit = t[-1] if t and t[-1] in units else ""
     try:
-        return int(float(t[: len(t) - len(unit)]) * units[unit])
-    except ValueError:
-        raise click.BadParameter(f"{text!r}: expected a size such as 500M or 10G") from None
-
-
-def _parse_age(text: str) -> float:
-    units = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-    t = text.strip().lower()
-    unit = t[-1] if t and t[-1] in units else "s"
-    try:
-        return float(t.rstrip("smhdw")) * units[unit]
-    except ValueError:
-        raise click.BadParameter(f"{text!r}: expected an age such as 30d or 12h") from None
+        db = obj.open(existing=True, upgrade=False)
+    except NoDatabaseError as exc:
+        click.echo(_printable(f"{exc}; `cachedb upgrade` would create it at schema revision {head_revision()}; "
+                              "nothing was changed (--dry-run)"))
+        return
+    with db:
+        plan = plan_upgrade(db.engine, where=db.where)
+    if not plan.steps:
+        click.echo(_printable(f"{plan.where}: schema revision {plan.current} is this cachedb's: nothing to upgrade; "
+                              "nothing was changed (--dry-run)"))
+        return
+    emit([{"revision": r, "migration": d} for r, d in plan.steps], ("revision", "migration"), "table")
+    click.echo(_printable(f"would upgrade {plan.where} from schema revision {plan.current} to {plan.head} "
+                          f"({len(plan.steps)} migration(s), in one transaction); nothing was changed (--dry-run)"))
 
 
 @main.command()
-@click.option("--max-bytes", metavar="SIZE", help="Keep stored entries under SIZE (e.g. 10G, 500M).")
-@click.option("--older-than", metavar="AGE", help="Remove entries not used for AGE (e.g. 30d, 12h).")
+@click.option("--max-bytes", type=SizeType(), metavar="SIZE",
+              help="Keep the stored entries and kernels under SIZE, e.g. 10G, 500M, 512K or 4096 (bytes; K, M, G, T: "
+                   "powers of 1024). 0 removes them all (and asks first).")
+@click.option("--older-than", type=AgeType(zero_hint=": it would remove everything; --max-bytes 0 empties the cache"),
+              metavar="AGE", help="Remove entries and kernels not used for AGE, e.g. 30d, 12h, 30m (minutes), 2w; "
+                                  "the unit is required.")
+@click.option("--dry-run", is_flag=True,
+              help="Print what would be removed (entries, kernel files, stored bytes per kind); change nothing.")
+@click.option("--yes", "-y", is_flag=True,
+              help="Remove without asking, also more than half of the stored bytes (or any row of a PostgreSQL "
+                   "database): needed then when stdin is not a terminal.")
 @click.option("--vacuum", is_flag=True, help="Give the freed space back to the file system (SQLite VACUUM).")
 @db_options
 @pass_ctx
-def prune(obj: _Context, max_bytes: str | None, older_than: str | None, vacuum: bool) -> None:
+def prune(obj: _Context, max_bytes: int | None, older_than: dt.timedelta | None, dry_run: bool, yes: bool,
+          vacuum: bool) -> None:
     """Evict FX graph and AOTAutograd entries and kernels, least recently used first.
 
     Kernels (Triton key directories, C++ libraries) go whole, and a blob goes when no kept
     kernel uses it. --older-than applies to both; --max-bytes bounds their stored bytes
-    together, each kind giving up its share of the excess.
+    together, each kind giving up its share of the excess. A prune that would remove more
+    than half of the stored bytes, or any row of a PostgreSQL database (shared by every
+    machine), asks first on a terminal and otherwise needs --yes. --dry-run prints the
+    plan; the run deletes what the plan names.
 
     \b
     Example:
       cachedb --db inductor.db prune --max-bytes 10G --older-than 30d
+      cachedb --db inductor.db prune --max-bytes 1M --dry-run   # what would go; nothing changes
+      cachedb --db postgresql+psycopg://cache@db.example/inductor prune --older-than 90d --yes
     """
-    import datetime as dt
-
-    from sqlalchemy import func, select
-
-    from ..store.models import GuardedEntry, KernelBlob
+    from ..tools import prune as pruning
 
     if max_bytes is None and older_than is None:
         raise click.UsageError("give --max-bytes and/or --older-than")
-    limit = _parse_size(max_bytes) if max_bytes is not None else None
-    cutoff = None
-    if older_than is not None:
-        cutoff = dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=_parse_age(older_than))
-    with obj.open(existing=True) as db:
-        with ProgressBar(f"pruning {db.where}", unit="entries") as bar, db.transaction() as repos:
-            g_limit = k_limit = None
-            if limit is not None:
-                g = int(repos.session.execute(select(func.coalesce(func.sum(func.length(GuardedEntry.payload)), 0))).scalar_one())
-                k = int(repos.session.execute(select(func.coalesce(func.sum(KernelBlob.stored_bytes), 0))).scalar_one())
-                over = max(0, g + k - limit)
-                g_limit = g - (over * g // (g + k) if g + k else 0)
-                k_limit = k - (over - (over * g // (g + k) if g + k else 0))
-            if _accepts(repos.guarded.evict, "progress"):
-                n, freed = repos.guarded.evict(max_bytes=g_limit, older_than=cutoff,  # type: ignore[call-arg]
-                                               progress=_progress_callback(bar))
-            else:
-                n, freed = repos.guarded.evict(max_bytes=g_limit, older_than=cutoff)
-            kn, kfreed = repos.artifacts.evict(max_bytes=k_limit, older_than=cutoff)
+    if dry_run and vacuum:
+        raise click.UsageError("--vacuum changes the database file: leave it out of a --dry-run")
+    cutoff = dt.datetime.now(dt.timezone.utc) - older_than if older_than is not None else None
+    with obj.open(existing=True, dry_run=dry_run) as db:
+        with db.read() as repos:
+            plan = pruning.plan(repos, max_bytes=max_bytes, older_than=cutoff)
+        shared = db.engine.dialect.name == "postgresql"
+        pct = f"{100 * plan.share():.0f}%" if plan.total_bytes else "0%"
+        kernels = f" and {plan.files} of {plan.total_files} kernel files" if plan.total_files or plan.files else ""
+        numbers = (f"{plan.entries} of {plan.total_entries} entries{kernels}: {plan.bytes} of {plan.total_bytes} "
+                   f"stored bytes ({_human(plan.bytes)}, {pct})")
+        if dry_run:
+            emit(plan.rows(), pruning.COLUMNS, "table")
+            click.echo(_printable(f"would remove {numbers} from {db.where}; nothing was changed (--dry-run)"))
+            return
+        if not plan.empty and (2 * plan.bytes > plan.total_bytes or shared):
+            why = "rows of a shared PostgreSQL database" if shared else "more than half of the stored bytes"
+            confirm(f"prune would remove {numbers} from {db.where} ({why})", yes=yes)
+        with db.transaction() as repos:
+            done = pruning.apply(repos, plan)
         if vacuum:
             from ..store.engine import vacuum as run_vacuum
 
             run_vacuum(db.engine)
-    click.echo(f"removed {n} entries, {freed} stored bytes ({_human(freed)}); "
-               f"{kn} kernel files, {kfreed} stored bytes ({_human(kfreed)})")
+    click.echo(f"removed {done.entries} entries, {done.entry_bytes} stored bytes ({_human(done.entry_bytes)}); "
+               f"{done.files} kernel files, {done.kernel_bytes} stored bytes ({_human(done.kernel_bytes)})")
 
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @click.option("--remote", metavar="URL", help=_REMOTE_HELP)
-@click.option("--remote-timeout", type=click.FloatRange(min=0.1), metavar="SECONDS",
+@click.option("--remote-timeout", type=DurationType(min=0.1, max=3600), metavar="SECONDS",
               help="Seconds a remote connect or statement may take before the remote is skipped "
-                   "(default $CACHEDB_REMOTE_TIMEOUT, else 2).")
+                   "(default $CACHEDB_REMOTE_TIMEOUT, else 2; 0.1 to 3600), e.g. --remote-timeout 5.")
 @db_options
 @pass_ctx
 def run(obj: _Context, command: tuple[str, ...], remote: str | None, remote_timeout: float | None) -> None:
@@ -365,7 +388,10 @@ def verify(obj: _Context, fmt: str, no_quarantine: bool) -> None:
               help="recover: SQLite's .recover through the sqlite3 shell; scan: page-tolerant table scans "
               "(no shell needed); auto: recover when a sqlite3 shell is on PATH.")
 @click.option("--format", "fmt", type=FORMATS, default="table", show_default=True)
-def recover(damaged: str, new: str, method: str, fmt: str) -> None:
+@click.option("--dry-run", is_flag=True,
+              help="Salvage into a scratch copy that is removed afterwards and print what NEW would hold; "
+                   "NEW is not created.")
+def recover(damaged: str, new: str, method: str, fmt: str, dry_run: bool) -> None:
     """Salvage every readable row of a damaged database into a NEW one.
 
     DAMAGED is only read. Rows are copied with their ids into NEW (which must not
@@ -376,17 +402,21 @@ def recover(damaged: str, new: str, method: str, fmt: str) -> None:
     \b
     Example:
       cachedb recover damaged.db saved.db
+      cachedb recover --dry-run damaged.db saved.db   # what would be saved; writes nothing
       cachedb --db saved.db stats
     """
     from ..tools.recover import recover as run_recover
 
     with ProgressBar(f"recovering {damaged}", unit="tables") as bar:
-        report = run_recover(damaged, new, method=method,
+        report = run_recover(damaged, new, method=method, dry_run=dry_run,
                              progress=lambda done, total: bar.update(count=done, total_count=total))
     rows = [t.as_row() for t in report.tables]
     emit(rows, _columns(rows, ("table", "saved", "lost", "corrupt", "orphaned", "indexed")), fmt)
     summary = (f"{report.saved} rows saved, {report.not_saved} not saved (lost, corrupt or orphaned) "
                f"into {report.target} (method: {report.method})")
+    if dry_run:
+        summary = (f"would save {report.saved} rows, {report.not_saved} not saved (lost, corrupt or orphaned) "
+                   f"into {report.target} (method: {report.method}); nothing was written (--dry-run)")
     if fmt == "table":
         click.echo(_printable(summary))
     else:

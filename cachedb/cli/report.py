@@ -20,7 +20,8 @@ def _commands() -> list[click.Command]:
                   help="html: one self-contained file (works offline); text: the same tables in the terminal.")
     @click.option("--open", "open_", is_flag=True, help="Open the HTML report in a web browser.")
     @click.option("--max-charts", type=click.IntRange(min=0), default=None, metavar="N",
-                  help="Op/shape groups drawn as charts (default 40; the tables list all).")
+                  help="Op/shape groups drawn as charts, e.g. --max-charts 10 (default 40; 0: tables only; the "
+                       "tables list all).")
     @db_options
     @pass_ctx
     def report(obj: _Context, out: str, fmt: str, open_: bool, max_charts: int | None) -> None:

@@ -80,6 +80,7 @@ import operator
 import os
 import queue
 import sqlite3
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -220,6 +221,8 @@ class CopyReport:
     #: read as stored because their payload failed its checks (``cachedb verify`` names them).
     repacked: int = 0
     not_repacked: int = 0
+    #: True for a dry run: the counts are what the run would write; nothing was written.
+    dry_run: bool = False
 
     @property
     def rows_written(self) -> int:
@@ -577,8 +580,11 @@ class _Transfer:
 
     def __init__(self, src: _Source, conn: Connection, dst: CacheDB, report: CopyReport, *, mode: str,
                  progress: ProgressCallback | None, done: list[int], totals: tuple[int, int],
-                 batch_rows: int, batch_bytes: int, fresh: bool = False, repack: bool = False) -> None:
+                 batch_rows: int, batch_bytes: int, fresh: bool = False, repack: bool = False,
+                 shared: Connection | None = None) -> None:
         self.src, self.conn, self.dst, self.report = src, conn, dst, report
+        #: A dry run's one DST transaction: every batch is written in it, and it is rolled back.
+        self.shared = shared
         self.mode = mode
         #: FX graph / AOTAutograd payloads re-encoded for DST: asked for, or DST's form differs
         #: from SRC's (an SQLite file stores small entries as they are, PostgreSQL compresses)
@@ -654,7 +660,11 @@ class _Transfer:
 
         On SQLite the commit does not checkpoint the WAL (``wal_autocheckpoint`` is 0 around
         it, SQLite's default again after): a bulk copy would otherwise write and sync the
-        database file at every few batches; :func:`_run` checkpoints once at the end."""
+        database file at every few batches; :func:`_run` checkpoints once at the end. A dry run
+        writes every batch in its one transaction (:attr:`shared`), which :func:`_run` rolls back."""
+        if self.shared is not None:
+            yield self.shared
+            return
         with self.dst.engine.connect().execution_options(**{WRITE_OPTION: True}) as conn:
             # on the driver connection: SQLAlchemy's execute would begin the transaction
             driver = conn.connection.driver_connection if conn.dialect.name == "sqlite" else None
@@ -840,7 +850,9 @@ class _Transfer:
         self._by_natural_key("kernel_blobs", "sha256", self.blob)
         self._keyed("kernel_artifacts", _natural("kernel_artifacts"), self._artifact)
         self._keyed("guarded_entries", _natural("guarded_entries"), self._guarded)
-        if self.mode == "merge":
+        if self.mode == "merge" and self.shared is not None:
+            self.position_offset = timings_repo.next_position(self.shared)
+        elif self.mode == "merge":
             with self.dst.read() as repos:
                 self.position_offset = timings_repo.next_position(repos.session)
         self._timings()
@@ -965,6 +977,36 @@ def _where(location: CacheDB | str | os.PathLike[str]) -> str:
     return str(path) if path is not None else url.render_as_string(hide_password=True)
 
 
+def _dry_run_target(mode: str, target: CacheDB | str | os.PathLike[str], where: str,
+                    timeout_s: float) -> tuple[CacheDB, tempfile.TemporaryDirectory[str] | None]:
+    """The database a dry run writes into, and rolls back: DST as it is (neither created nor
+    upgraded), or, for an absent or empty DST (which the run would create), an empty scratch
+    SQLite database in a temporary directory, removed afterwards."""
+    if isinstance(target, CacheDB):
+        return target, None
+    path = sqlite_path(to_url(target))
+    if path is None or path.exists() and not (path.is_file() and path.stat().st_size == 0):
+        db = CacheDB(target, busy_timeout_s=timeout_s, upgrade=False)
+        try:
+            revision = db.revision()
+        except BaseException:
+            db.close()
+            raise
+        if revision == migrate.HEAD_REVISION:
+            return db, None
+        db.close()
+        if revision is not None:
+            raise CopyError(f"{where}: schema revision {revision}, not this cachedb's {migrate.HEAD_REVISION}: the "
+                            f"{mode} would upgrade it first (`cachedb --db {where} upgrade --dry-run` shows how); "
+                            "nothing was changed")
+    scratch = tempfile.TemporaryDirectory(prefix=".cachedb-dry-run-")
+    try:
+        return CacheDB(Path(scratch.name) / "dst.db", busy_timeout_s=timeout_s), scratch
+    except BaseException:
+        scratch.cleanup()
+        raise
+
+
 def _run(
     mode: Literal["copy", "merge"],
     sources: Sequence[CacheDB | str | os.PathLike[str]],
@@ -977,6 +1019,7 @@ def _run(
     batch_bytes: int,
     timeout_s: float,
     repack: bool = False,
+    dry_run: bool = False,
 ) -> CopyReport:
     started = time.monotonic()
     if batch_rows < 1 or batch_bytes < 1:
@@ -993,8 +1036,9 @@ def _run(
             raise CopyError("--require-signed needs the team's key in CACHEDB_HMAC_KEY; nothing was written")
     srcs = _open_sources(sources, timeout_s, target_where)
     report = CopyReport(mode, [s.where for s in srcs], target_where,
-                        source_revisions={s.where: s.revision for s in srcs})
+                        source_revisions={s.where: s.revision for s in srcs}, dry_run=dry_run)
     dst: CacheDB | None = None
+    scratch: tempfile.TemporaryDirectory[str] | None = None
     try:
         # Every refusal comes before DST is opened or created: nothing is written then.
         for s in srcs:
@@ -1020,22 +1064,34 @@ def _run(
                     f"{target_where}: not empty ({rows} rows); `cachedb copy` needs an empty or absent target "
                     f"(`cachedb merge SRC --into {target_where}` unions into it)")
             report.resumed = marker is not None
-        dst = target if isinstance(target, CacheDB) else CacheDB(target, busy_timeout_s=timeout_s)
-        if mode == "copy" and not report.resumed:
+        if dry_run:
+            dst, scratch = _dry_run_target(mode, target, target_where, timeout_s)
+        else:
+            dst = target if isinstance(target, CacheDB) else CacheDB(target, busy_timeout_s=timeout_s)
+        if mode == "copy" and not report.resumed and not dry_run:
             with dst.write() as repos:
                 conn = cast(Connection, repos.session)
                 _MARKER.create(conn, checkfirst=True)
                 conn.execute(insert(_MARKER), {"source": srcs[0].where, "started_at": dt.datetime.now(_UTC)})
         done = [0, 0]
-        for s in srcs:
-            with s.snapshot(target_where) as conn:
-                _Transfer(s, conn, dst, report, mode=mode, progress=progress, done=done,
-                          totals=(totals[0], totals[1]), batch_rows=batch_rows, batch_bytes=batch_bytes,
-                          fresh=mode == "copy" and not report.resumed, repack=repack).run()
-        if mode == "copy":
+        # A dry run: the same transfer, every batch in one DST transaction that is rolled back.
+        shared = dst.engine.connect().execution_options(**{WRITE_OPTION: True}) if dry_run else None
+        try:
+            if shared is not None:
+                shared.begin()
+            for s in srcs:
+                with s.snapshot(target_where) as conn:
+                    _Transfer(s, conn, dst, report, mode=mode, progress=progress, done=done,
+                              totals=(totals[0], totals[1]), batch_rows=batch_rows, batch_bytes=batch_bytes,
+                              fresh=mode == "copy" and not report.resumed, repack=repack, shared=shared).run()
+        finally:
+            if shared is not None:
+                shared.rollback()
+                shared.close()
+        if mode == "copy" and not dry_run:
             with dst.write() as repos:
                 _MARKER.drop(cast(Connection, repos.session), checkfirst=True)
-        if dst.engine.dialect.name == "sqlite":  # the batches left the WAL to this one checkpoint
+        if dst.engine.dialect.name == "sqlite" and not dry_run:  # the batches left the WAL to this one checkpoint
             with dst.engine.connect() as conn:
                 conn.connection.driver_connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     finally:
@@ -1043,6 +1099,8 @@ def _run(
             s.close()
         if dst is not None and dst is not target:
             dst.close()
+        if scratch is not None:
+            scratch.cleanup()
     report.seconds = time.monotonic() - started
     return report
 
@@ -1058,6 +1116,7 @@ def copy_database(
     batch_bytes: int = DEFAULT_BATCH_BYTES,
     timeout_s: float = 30.0,
     repack: bool = False,
+    dry_run: bool = False,
 ) -> CopyReport:
     """Copy every row of ``source`` into ``target`` (empty or absent; created at the code's
     head revision), resumably. See the module docstring for what is copied and how.
@@ -1075,6 +1134,12 @@ def copy_database(
     are reads them ~12x faster after, at the bytes their files take: ~5 against 64 µs for
     100 KB; one written before payload format 3 reads them ~2x faster, 5 against 10.6 µs).
 
+    ``dry_run``: the same run, every check included, with every batch written in one ``target``
+    transaction that is then rolled back (into an absent or empty ``target``: an empty scratch
+    SQLite database in a temporary directory), so the report counts what the run would write
+    and ``target`` is left as it was, neither created nor upgraded (on PostgreSQL, id
+    sequences advance as in any rolled-back insert).
+
     Returns a :class:`CopyReport` (rows and bytes per table, seconds, entries re-encoded).
 
     Raises:
@@ -1089,7 +1154,7 @@ def copy_database(
         sqlalchemy.exc.SQLAlchemyError: a write to ``target`` failed (that batch rolled back).
     """
     return _run("copy", [source], target, progress=progress, require_signed=require_signed, signer=signer,
-                batch_rows=batch_rows, batch_bytes=batch_bytes, timeout_s=timeout_s, repack=repack)
+                batch_rows=batch_rows, batch_bytes=batch_bytes, timeout_s=timeout_s, repack=repack, dry_run=dry_run)
 
 
 def merge_databases(
@@ -1103,14 +1168,16 @@ def merge_databases(
     batch_bytes: int = DEFAULT_BATCH_BYTES,
     timeout_s: float = 30.0,
     repack: bool = False,
+    dry_run: bool = False,
 ) -> CopyReport:
     """Union every row of each of ``sources`` (in order) into ``target`` (created if absent):
     natural keys deduplicate, timings keep every benchmark of both, best configs and
     LocalCache values keep the newer row (module docstring). Idempotent. Arguments, return
     value and errors as :func:`copy_database` (no :class:`TargetNotEmptyError`); with
-    ``require_signed`` every source is checked before anything is written."""
+    ``require_signed`` every source is checked before anything is written; ``dry_run`` as
+    there."""
     return _run("merge", list(sources), target, progress=progress, require_signed=require_signed, signer=signer,
-                batch_rows=batch_rows, batch_bytes=batch_bytes, timeout_s=timeout_s, repack=repack)
+                batch_rows=batch_rows, batch_bytes=batch_bytes, timeout_s=timeout_s, repack=repack, dry_run=dry_run)
 
 
 __all__ = [

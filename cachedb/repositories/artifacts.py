@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import bindparam, delete, exists, func, insert, select, update
@@ -50,6 +50,24 @@ _HIT = (
 )
 #: Blobs no artifact points at (left by eviction, quarantine or an overwritten file).
 _ORPHANS = select(_B.c.id, _B.c.stored_bytes).where(~exists().where(_A.c.blob_id == _B.c.id))
+
+
+@dataclass
+class KernelEviction:
+    """What an eviction deletes (:meth:`KernelArtifactRepository.plan_evict`): the ``(kind,
+    host_key, key)`` directories and the blobs left unused (``unreferenced``: stored bytes of
+    those no file pointed at already), and per kind the directories, files and stored bytes,
+    beside what the kind holds (``total_bytes``: every blob)."""
+
+    groups: list[tuple[str, str, str]] = field(default_factory=list)
+    blob_ids: list[int] = field(default_factory=list)
+    keys: dict[str, int] = field(default_factory=dict)
+    files: dict[str, int] = field(default_factory=dict)
+    stored_bytes: dict[str, int] = field(default_factory=dict)
+    unreferenced: int = 0
+    total_keys: dict[str, int] = field(default_factory=dict)
+    total_files: dict[str, int] = field(default_factory=dict)
+    total_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,46 +305,89 @@ class KernelArtifactRepository:
         self._drop_orphans(freed_blobs | {blob_id})
         return removed
 
-    def evict(self, *, max_bytes: int | None = None, older_than: dt.datetime | None = None) -> tuple[int, int]:
-        """Delete least recently used key directories, whole: every one last used before
-        ``older_than``, then the oldest until the stored blobs total at most ``max_bytes``;
-        then every blob no file points at. A blob shared with a kept key stays.
-        Returns ``(files deleted, stored bytes freed)``."""
+    def stored_total(self) -> int:
+        """Stored (compressed) bytes of every blob."""
+        return int(self.session.execute(select(func.coalesce(func.sum(_B.c.stored_bytes), 0))).scalar_one())
+
+    def plan_evict(self, *, max_bytes: int | None = None, older_than: dt.datetime | None = None) -> KernelEviction:
+        """What :meth:`evict` would delete, deleting nothing: every key directory last used
+        before ``older_than``, every blob no file points at, then the least recently used key
+        directories until the stored blobs total at most ``max_bytes``; a blob goes with the
+        last key that uses it (one shared with a kept key stays). :meth:`apply_evict` deletes it."""
         groups = self.session.execute(
             select(_A.c.kind, _A.c.host_key, _A.c.key, func.max(_A.c.last_used_at).label("used"))
             .group_by(_A.c.kind, _A.c.host_key, _A.c.key)
             .order_by("used", _A.c.kind, _A.c.key)
         ).all()
-        victims: list[tuple[str, str, str]] = []
+        blobs_of: dict[tuple[str, str, str], list[int]] = {}
+        refs: dict[int, int] = {}
+        for kind, host, key, blob_id in self.session.execute(select(_A.c.kind, _A.c.host_key, _A.c.key, _A.c.blob_id)):
+            blobs_of.setdefault((kind, host, key), []).append(int(blob_id))
+            refs[int(blob_id)] = refs.get(int(blob_id), 0) + 1
+        stored = {int(i): int(n) for i, n in self.session.execute(select(_B.c.id, _B.c.stored_bytes))}
+        plan = KernelEviction()
+        for (kind, _host, _key), ids in blobs_of.items():
+            plan.total_keys[kind] = plan.total_keys.get(kind, 0) + 1
+            plan.total_files[kind] = plan.total_files.get(kind, 0) + len(ids)
+        plan.total_bytes = sum(stored.values())
+        freed: list[int] = []
+
+        def drop(group: tuple[str, str, str]) -> int:
+            kind = group[0]
+            plan.groups.append(group)
+            plan.keys[kind] = plan.keys.get(kind, 0) + 1
+            plan.files[kind] = plan.files.get(kind, 0) + len(blobs_of.get(group, ()))
+            n = 0
+            for blob_id in blobs_of.get(group, ()):
+                refs[blob_id] -= 1
+                if refs[blob_id] == 0:
+                    freed.append(blob_id)
+                    n += stored.get(blob_id, 0)
+            plan.stored_bytes[kind] = plan.stored_bytes.get(kind, 0) + n
+            return n
+
+        chosen: set[tuple[str, str, str]] = set()
         if older_than is not None:
             cutoff = older_than if older_than.tzinfo else older_than.replace(tzinfo=dt.timezone.utc)
             for kind, host, key, used in groups:
                 used_utc = used if used.tzinfo else used.replace(tzinfo=dt.timezone.utc)
                 if used_utc < cutoff:
-                    victims.append((kind, host, key))
-        files = 0
-        for kind, host, key in victims:
-            files += self.session.execute(
-                delete(_A).where(_A.c.kind == kind, _A.c.host_key == host, _A.c.key == key)
-            ).rowcount or 0
-        _, freed = self._drop_orphans()
+                    chosen.add((kind, host, key))
+                    drop((kind, host, key))
+        already = set(freed)
+        unused = [i for i in stored if refs.get(i, 0) == 0 and i not in already]
+        plan.unreferenced = sum(stored[i] for i in unused)
+        freed += unused
         if max_bytes is not None:
-            total = int(self.session.execute(select(func.coalesce(func.sum(_B.c.stored_bytes), 0))).scalar_one())
-            chosen = set(victims)
+            total = plan.total_bytes - sum(stored.get(i, 0) for i in freed)
             for kind, host, key, _used in groups:
                 if total <= max_bytes:
                     break
-                if (kind, host, key) in chosen:
-                    continue
-                blob_ids = [b for _, b in self.session.execute(
-                    _KEY_ROWS, {"kind": kind, "host_key": host, "key": key})]
-                files += self.session.execute(
-                    delete(_A).where(_A.c.kind == kind, _A.c.host_key == host, _A.c.key == key)
-                ).rowcount or 0
-                _, n = self._drop_orphans(blob_ids)
-                freed += n
-                total -= n
+                if (kind, host, key) not in chosen:
+                    total -= drop((kind, host, key))
+        plan.blob_ids = freed
+        return plan
+
+    def apply_evict(self, plan: KernelEviction) -> tuple[int, int]:
+        """Delete the key directories ``plan`` names, then those of its blobs no file points at
+        any more. Returns ``(files deleted, stored bytes freed)``."""
+        files = 0
+        for kind, host, key in plan.groups:
+            files += self.session.execute(
+                delete(_A).where(_A.c.kind == kind, _A.c.host_key == host, _A.c.key == key)
+            ).rowcount or 0
+        freed = 0
+        for start in range(0, len(plan.blob_ids), 500):
+            freed += self._drop_orphans(plan.blob_ids[start:start + 500])[1]
         return files, freed
+
+    def evict(self, *, max_bytes: int | None = None, older_than: dt.datetime | None = None) -> tuple[int, int]:
+        """Delete least recently used key directories, whole: every one last used before
+        ``older_than``, then the oldest until the stored blobs total at most ``max_bytes``;
+        then every blob no file points at. A blob shared with a kept key stays
+        (:meth:`plan_evict`, then :meth:`apply_evict`). Returns ``(files deleted, stored bytes
+        freed)``."""
+        return self.apply_evict(self.plan_evict(max_bytes=max_bytes, older_than=older_than))
 
     def count(self, kind: str | None = None) -> int:
         """Number of stored files (of ``kind``, or all)."""

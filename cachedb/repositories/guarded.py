@@ -6,7 +6,7 @@ import datetime as dt
 import functools
 import hashlib
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from sqlalchemy import Connection, and_, bindparam, case, delete, func, insert, literal_column, null, select, update
@@ -287,6 +287,18 @@ def load_streamed_variant(
     return unpack_from(source, size, digest, where=where, full=signer is not None)
 
 
+@dataclass
+class GuardedEviction:
+    """The variants an eviction deletes (:meth:`GuardedEntryRepository.plan_evict`): their ids,
+    and per kind how many and their stored bytes, beside what the kind holds."""
+
+    ids: list[int] = field(default_factory=list)
+    entries: dict[str, int] = field(default_factory=dict)
+    stored_bytes: dict[str, int] = field(default_factory=dict)
+    total_entries: dict[str, int] = field(default_factory=dict)
+    total_bytes: dict[str, int] = field(default_factory=dict)
+
+
 class GuardedEntryRepository:
     """FX graph and AOTAutograd variants. With a :class:`~cachedb.store.signing.Signer`, writes are
     signed and reads refuse (as corrupt) entries whose signature does not verify."""
@@ -472,34 +484,61 @@ class GuardedEntryRepository:
                 .values(hit_count=_G.c.hit_count + n, last_used_at=when)
             )
 
-    def evict(self, *, max_bytes: int | None = None, older_than: dt.datetime | None = None) -> tuple[int, int]:
-        """Delete least recently used variants: every one last used before ``older_than``,
-        then the oldest until the stored (compressed) payloads total at most ``max_bytes``.
-        Returns ``(entries deleted, stored bytes freed)``."""
+    def stored_total(self) -> int:
+        """Stored (compressed) bytes of every variant's payload."""
+        return int(self.session.execute(select(func.coalesce(func.sum(func.length(_G.c.payload)), 0))).scalar_one())
+
+    def plan_evict(self, *, max_bytes: int | None = None, older_than: dt.datetime | None = None) -> GuardedEviction:
+        """What :meth:`evict` would delete, deleting nothing: every variant last used before
+        ``older_than``, then the least recently used until the stored (compressed) payloads
+        total at most ``max_bytes``. :meth:`apply_evict` deletes it."""
         stored = func.length(_G.c.payload)
-        victims: list[tuple[int, int]] = []
+        plan = GuardedEviction()
+        for kind, n, nbytes in self.session.execute(select(_G.c.kind, func.count(), func.coalesce(func.sum(stored), 0))
+                                                    .group_by(_G.c.kind)):
+            plan.total_entries[kind] = int(n)
+            plan.total_bytes[kind] = int(nbytes)
+        victims: list[tuple[int, str, int]] = []
         if older_than is not None:
             victims += [
-                (int(i), int(n))
-                for i, n in self.session.execute(select(_G.c.id, stored).where(_G.c.last_used_at < older_than))
+                (int(i), k, int(n))
+                for i, k, n in self.session.execute(select(_G.c.id, _G.c.kind, stored).where(_G.c.last_used_at < older_than))
             ]
         if max_bytes is not None:
-            chosen = {i for i, _ in victims}
-            total = int(self.session.execute(select(func.coalesce(func.sum(stored), 0))).scalar_one())
-            total -= sum(n for _, n in victims)
+            chosen = {i for i, _, _ in victims}
+            total = sum(plan.total_bytes.values()) - sum(n for _, _, n in victims)
             if total > max_bytes:
-                for row_id, n in self.session.execute(
-                    select(_G.c.id, stored).order_by(_G.c.last_used_at, _G.c.id).execution_options(yield_per=500)
+                for row_id, kind, n in self.session.execute(
+                    select(_G.c.id, _G.c.kind, stored).order_by(_G.c.last_used_at, _G.c.id).execution_options(yield_per=500)
                 ):
                     if total <= max_bytes:
                         break
                     if row_id not in chosen:
-                        victims.append((row_id, n))
-                        total -= n
-        ids = [i for i, _ in victims]
-        for start in range(0, len(ids), 500):
-            self.session.execute(delete(_G).where(_G.c.id.in_(ids[start:start + 500])))
-        return len(ids), sum(n for _, n in victims)
+                        victims.append((int(row_id), kind, int(n)))
+                        total -= int(n)
+        for row_id, kind, n in victims:
+            plan.ids.append(row_id)
+            plan.entries[kind] = plan.entries.get(kind, 0) + 1
+            plan.stored_bytes[kind] = plan.stored_bytes.get(kind, 0) + n
+        return plan
+
+    def apply_evict(self, plan: GuardedEviction) -> tuple[int, int]:
+        """Delete the variants ``plan`` names (those still there). Returns ``(entries deleted,
+        stored bytes freed)``."""
+        deleted = freed = 0
+        for start in range(0, len(plan.ids), 500):
+            chunk = plan.ids[start:start + 500]
+            freed += int(self.session.execute(
+                select(func.coalesce(func.sum(func.length(_G.c.payload)), 0)).where(_G.c.id.in_(chunk))).scalar_one())
+            deleted += self.session.execute(delete(_G).where(_G.c.id.in_(chunk))).rowcount or 0
+        return deleted, freed
+
+    def evict(self, *, max_bytes: int | None = None, older_than: dt.datetime | None = None) -> tuple[int, int]:
+        """Delete least recently used variants: every one last used before ``older_than``,
+        then the oldest until the stored (compressed) payloads total at most ``max_bytes``
+        (:meth:`plan_evict`, then :meth:`apply_evict`). Returns ``(entries deleted, stored
+        bytes freed)``."""
+        return self.apply_evict(self.plan_evict(max_bytes=max_bytes, older_than=older_than))
 
     def record_hit(self, kind: str, key: str, variant: str) -> None:
         self.session.execute(

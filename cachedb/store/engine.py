@@ -100,6 +100,8 @@ def check_sqlite_file(path: Path) -> None:
         return
     if path.is_dir():
         raise DatabaseOpenError(f"{path}: is a directory, not a database file")
+    if not path.is_file():  # SQLite would write its journal beside a device (/dev/null-journal)
+        raise DatabaseOpenError(f"{path}: not a regular file (a device, FIFO or socket), not a database file")
     try:
         with path.open("rb") as f:
             head = f.read(len(SQLITE_HEADER))

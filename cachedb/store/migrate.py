@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 from typing import TYPE_CHECKING
@@ -106,6 +107,35 @@ def _check_known(where: str, revision: str | None) -> None:
         raise SchemaTooNewError(where, revision, head_revision())
 
 
+@dataclass(frozen=True)
+class UpgradePlan:
+    """The migrations an upgrade runs (:func:`plan_upgrade`): ``steps`` are ``(revision,
+    description)``, oldest first; none when the database is at ``head``."""
+
+    where: str
+    current: str | None
+    head: str
+    steps: tuple[tuple[str, str], ...]
+
+
+def plan_upgrade(engine: Engine, *, where: str) -> UpgradePlan:
+    """What :func:`upgrade` would run on ``engine``'s database, changing nothing. Raises
+    :class:`SchemaTooNewError` for a revision the code does not know."""
+    with engine.connect() as conn:
+        rev = current_revision(conn)
+        conn.rollback()
+    _check_known(where, rev)
+    from alembic.script import ScriptDirectory
+
+    head = head_revision()
+    if rev == head:
+        return UpgradePlan(where, rev, head, ())
+    script = ScriptDirectory.from_config(alembic_config())
+    steps = [(r.revision, ((r.doc or "").strip().splitlines() or [""])[0])
+             for r in script.iterate_revisions(head, rev or "base")]
+    return UpgradePlan(where, rev, head, tuple(reversed(steps)))
+
+
 def upgrade(engine: Engine, *, where: str, lock_timeout_s: float = DEFAULT_UPGRADE_LOCK_TIMEOUT_S) -> bool:
     """Bring the database to the head revision. Returns True if an upgrade ran.
 
@@ -122,12 +152,11 @@ def upgrade(engine: Engine, *, where: str, lock_timeout_s: float = DEFAULT_UPGRA
         if _stamped_revision(conn) == HEAD_REVISION:
             conn.rollback()
             return False  # the common case, without importing Alembic
-        rev = current_revision(conn)
         conn.rollback()
-    head = head_revision()
-    _check_known(where, rev)
-    if rev == head:
+    plan = plan_upgrade(engine, where=where)
+    if not plan.steps:
         return False
+    head = plan.head
 
     path = sqlite_path(engine.url)
     lock = FileLock(str(path) + ".lock", timeout=lock_timeout_s, mode=0o600) if path is not None else None
@@ -172,11 +201,13 @@ def downgrade(engine: Engine, revision: str) -> None:
 
 
 __all__ = [
+    "UpgradePlan",
     "alembic_config",
     "current_revision",
     "downgrade",
     "head_revision",
     "is_sqlite",
     "migrations_dir",
+    "plan_upgrade",
     "upgrade",
 ]

@@ -297,10 +297,14 @@ def recover(
     *,
     method: str = "auto",
     progress: Callable[[int, int], None] | None = None,
+    dry_run: bool = False,
 ) -> RecoverReport:
     """Copy every readable row of the damaged SQLite database ``source`` into a new cachedb
     database ``target`` (which must not exist), then verify it. ``progress(tables done,
     tables)`` after each table. Returns the per-table :class:`RecoverReport`.
+
+    ``dry_run``: the same recovery into a scratch database in a temporary directory, removed
+    afterwards: the report says what ``target`` would hold, and ``target`` is not created.
 
     Raises :class:`RecoverError` when ``target`` exists or nothing can be read, and
     :class:`~cachedb.NotADatabaseError` when ``source`` is not an SQLite file.
@@ -321,6 +325,14 @@ def recover(
     if method == "recover" and shell is None:
         raise RecoverError("method 'recover' needs a sqlite3 shell whose .recover works (SQLite 3.29 or later, "
                            "built with sqlite_dbpage) on PATH; use --method scan")
+    if dry_run:
+        with tempfile.TemporaryDirectory(prefix=".cachedb-recover-dry-run-") as scratch_dir:
+            scratch = Path(scratch_dir) / "new.db"
+            report = recover(src, scratch, method=method, progress=progress)
+        report.target = str(dst)
+        report.problems = [{k: v.replace(str(scratch), str(dst)) if isinstance(v, str) else v for k, v in p.items()}
+                           for p in report.problems]
+        return report
 
     with tempfile.TemporaryDirectory(prefix=".cachedb-recover-", dir=dst.parent if dst.parent.is_dir() else None) as tmp:
         damaged = _connect_ro(src)

@@ -83,6 +83,9 @@ _ROWS = [
     ("fuzz_cutlass_parse", "hypothesis: `parse_op_list` on op lists, mutations, any JSON"),
     ("fuzz_mega_cache", "hypothesis: `mega_cache.import_artifacts` on Mega-Cache blobs"),
     ("fuzz_cli", "hypothesis: argument lists for `cachedb` (CliRunner)"),
+    ("fuzz_cli_safety_sqlite", "hypothesis: every command's option values and paths on a real database (SQLite)"),
+    ("fuzz_cli_safety_postgresql", "hypothesis: every command's option values and paths on a real database "
+                                   "(PostgreSQL)"),
 ]
 
 

@@ -9,6 +9,11 @@ exception type; the database populated before the fuzzing keeps every entry byte
 Everything runs inside a sandbox directory (the working directory during the test), every
 generated path is relative to it, ``$CACHEDB_PATH`` points into it, and ``cachedb run`` (which
 would exec a program) is never generated.
+
+``test_fuzz_cli_safety`` runs the property of ``tests/_cli_safety.py`` (a typo never empties a
+cache: every command, refused values exit 2 in one line, the database's rows and bytes unchanged
+unless a valid command that changes it ran, dry runs byte-identical) with more examples than the
+normal suite's ``tests/test_cli_safety.py``, on a real database on SQLite and on PostgreSQL.
 """
 
 from __future__ import annotations
@@ -25,11 +30,14 @@ from hypothesis import strategies as st
 
 from cachedb.cli import main as cli
 
+from .. import _cli_safety as safety
 from . import _strategies as S
 from . import _synth, figures
 from ._store import Store
 
 EXAMPLES = 200
+#: Command lines per command and backend for the safety property (tests/_cli_safety.py).
+SAFETY_EXAMPLES = {"sqlite": 30, "postgresql": 12}
 TABLES = ["guarded_entries", "autotune_timings", "local_cache_values", "best_configs", "cutlass_op_lists",
           "cutlass_ops", "system_fingerprints", "autotune_current", "autotune_winners", "autotune_history",
           "quarantined_entries", "alembic_version", "sqlite_master", "no_such_table"]
@@ -199,3 +207,23 @@ def test_fuzz_cli(sandbox, hostile: bool) -> None:
         os.chdir(cwd)
     figures.add("fuzz_cli", fuzz_cases=counts["n"], exit_0=counts["exit0"], exit_1_cachedb_error=counts["exit1"],
                 exit_2_usage=counts["exit2"])
+
+
+@pytest.fixture(scope="module")
+def real_master(real_cache: tuple[Path, dict], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return safety.build_master(real_cache[0], tmp_path_factory.mktemp("safety") / "master.db")
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_fuzz_cli_safety(backend: str, real_master: Path, real_cache: tuple[Path, dict],
+                         tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> None:
+    pg = request.getfixturevalue("pg_url") if backend == "postgresql" else None
+    root = tmp_path_factory.mktemp(f"safety_{backend}")
+    other = safety.build_other(root / "other")
+    sandbox = safety.Sandbox(root / "sandbox", real_master, other, real_cache[0], pg_url=pg)
+    safety.check_every_command(sandbox, SAFETY_EXAMPLES[backend])
+    c = sandbox.counts
+    figures.add(f"fuzz_cli_safety_{backend}", fuzz_cases=c["examples"], exit_0=c["exit_0"],
+                exit_1_cachedb_error=c["exit_1"], exit_2_usage=c["exit_2"], refused_values=c["refused_values"],
+                database_changed_by_a_valid_command=c["changed"], dry_runs_unchanged=c["dry_runs"])
+    assert c["refused_values"] > 0 and c["dry_runs"] > 0
