@@ -280,6 +280,28 @@ def test_point_sync_moves_a_profile_and_the_newer_wins(tmp_path: Path) -> None:
     remote.close()
 
 
+def test_live_store_pushes_to_and_pulls_from_the_remote_tier(tmp_path: Path, pg_url: str) -> None:
+    """Machine A's writes reach the shared PostgreSQL; machine B, with a new empty local file,
+    is served from it on its local miss (one pull, copied into its file)."""
+    from cachedb.live._remote import RemoteTier
+    from cachedb.live._store import LiveStore
+
+    a = LiveStore(str(tmp_path / "a.db"), remote=RemoteTier(pg_url))
+    assert a.dynamo_put("pgo", "job1_None_", NEW) and a.dynamo_put("precompile", "c" * 64, OLD)
+    a.close()  # flushes the remote queue
+    assert a.remote.counts["failures"] == 0
+    b = LiveStore(str(tmp_path / "b.db"), remote=RemoteTier(pg_url))
+    try:
+        assert b.dynamo_get("pgo", "job1_None_") == NEW
+        assert b.dynamo_get("precompile", "c" * 64) == OLD
+        assert b.dynamo_get("pgo", "other_None_") is None
+    finally:
+        b.close()
+    with CacheDB(tmp_path / "b.db") as db, db.read() as repos:  # copied into B's own file, hits counted
+        assert repos.pgo.get("job1_None_") == NEW
+        assert repos.session.execute(text("SELECT hit_count FROM pgo_profiles")).scalar_one() == 1
+
+
 # -- real torch.compile -----------------------------------------------------------------------------
 
 

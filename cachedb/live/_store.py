@@ -107,8 +107,9 @@ class LiveStore:
                 if reason is not None:
                     self.pickles_refused = reason
                     log.warning(
-                        "cachedb: not loading pickled FX graph/AOTAutograd entries from %s: %s "
-                        "(set CACHEDB_TRUST=1 or install(trust=True) to trust it)", self.location, reason,
+                        "cachedb: not loading pickled FX graph/AOTAutograd entries, PGO profiles or Dynamo "
+                        "packages from %s: %s (set CACHEDB_TRUST=1 or install(trust=True) to trust it)",
+                        self.location, reason,
                     )
             return self._db
 
@@ -654,8 +655,11 @@ class LiveStore:
             packed = pack(bytes(data))  # before BEGIN IMMEDIATE: the write lock is held for the rows alone
             if self._dynamo_written.get((kind, key)) == packed.checksum:
                 return True  # torch puts the whole profile after every compile, most often unchanged
+            # The fingerprint if this process recorded it already: computing it (triton_key and
+            # torch_key hash their sources, ~0.3-0.5 s on 2 cores) would cost a warm start,
+            # which writes its profile again and nothing else, that much.
+            fp_id = self._known_fingerprint_id()
             with db.write() as repos:
-                fp_id = self._fingerprint_id(repos)
                 repos.dynamo(kind).put(key, data, fingerprint_id=fp_id, packed=packed)
                 self._take_hits(repos)
             self._dynamo_written[(kind, key)] = packed.checksum

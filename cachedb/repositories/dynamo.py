@@ -159,8 +159,9 @@ class DynamoRepository:
         """Store the pickle ``data`` under ``key`` unless a newer one is stored: a stored row
         with other bytes is replaced when ``updated_at`` (default now) is newer than its own
         (a tie keeps it). Returns whether anything changed (False: the same bytes, or a newer
-        row, were stored). ``packed``: ``pack(data)``, made by the caller before its write
-        transaction (default: made here). Raises :class:`~cachedb.BadInputError` for a key
+        row, were stored). ``fingerprint_id``: the writer's system fingerprint (``None``: unknown;
+        a replaced row keeps its own). ``packed``: ``pack(data)``, made by the caller before its
+        write transaction (default: made here). Raises :class:`~cachedb.BadInputError` for a key
         that cannot be one (:func:`check_key`)."""
         check_key(self.kind, key)
         t = self.table
@@ -185,6 +186,8 @@ class DynamoRepository:
                     raise
         if found.checksum == packed.checksum or when <= _utc(found.updated_at):
             return False
+        if fingerprint_id is None:  # unknown: the row keeps the one it has
+            del columns["fingerprint_id"]
         self.session.execute(update(t).where(t.c.id == found.id).values(columns))
         return True
 
