@@ -33,6 +33,7 @@ from . import (  # noqa: E402
     s7_disk,
     s8_fleet,
     s9_startup,
+    s10_dynamo,
 )
 from ._context import Context  # noqa: E402
 from ._report import (  # noqa: E402
@@ -49,10 +50,11 @@ from ._report import (  # noqa: E402
 SECTIONS: dict[str, object] = {
     m.NAME: m
     for m in (s1_warm_start, s2_timings, s3_best_configs, s4_guarded, s5_import, s6_concurrency, s7_disk,
-              s8_fleet, s9_startup)
+              s8_fleet, s9_startup, s10_dynamo)
 }
 #: Display order (§ numbers of the issue).
-ORDER = ["warm_start", "timings", "best_configs", "guarded", "import", "concurrency", "disk", "fleet", "startup"]
+ORDER = ["warm_start", "timings", "best_configs", "guarded", "import", "concurrency", "disk", "fleet", "startup",
+         "pgo"]
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 

@@ -11,6 +11,15 @@
   passes ``--cachedb-via export``, ``cachedb.layout.exporter.export_cache_dir(db, DIR)`` first);
 - ``cachedb-cold``: like ``cachedb`` with an empty database (cold compile writing to it).
 
+``--precompile`` (``cachedb`` and ``cachedb-cold``): ``cachedb.installed(db, precompile=True)``,
+torch's caching precompile on (the packages compiled are stored when the block ends); for
+``files`` the parent sets ``TORCH_CACHING_PRECOMPILE=1`` and ``--save-precompile`` calls
+``torch.compiler.save_cache_artifacts()`` after the workloads (untimed), the only call in which
+torch writes them. The workload ``rows`` (the Dynamo section, :mod:`benchmarks.s10_dynamo`) is a function
+called with 7, 33 and 1,024 rows, compiled static first: with a PGO profile
+(``TORCH_COMPILE_JOB_ID`` set by the parent) Dynamo compiles it dynamic at once. The report
+holds Dynamo's counters: ``frames`` compiled, ``unique_graphs``, ``dynamo_cache`` hits and misses.
+
 ``--device cuda`` runs the GPU workloads (:mod:`benchmarks._gpu_workloads`) with Inductor's
 parallel compile workers; ``cpu`` (default) runs ``examples/build_cache.py``'s workloads with
 one compile thread. ``first_call_s`` is the sum of the workloads' first calls (compile and
@@ -121,6 +130,22 @@ def _count_runtime_tuning(runtime: dict[str, int]) -> None:
         setattr(CachingAutotuner, name, counted)
 
 
+def _rows(x: Any) -> Any:
+    return (x.sin() * 2).sum(0)
+
+
+def _workload_rows(torch: Any) -> dict[str, Any]:
+    """A function called with 7, 33 and 1,024 rows, compiled without ``dynamic=True``: Dynamo
+    compiles it static, then recompiles it dynamic at the second size, unless a PGO profile
+    says so from the start."""
+    compiled = torch.compile(_rows)
+    ok = True
+    for n in (7, 33, 1024):
+        x = torch.randn(n, 8)
+        ok &= bool(torch.allclose(compiled(x), _rows(x), atol=1e-4, rtol=1e-4))
+    return {"ok": ok}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("mode", choices=["files", "mega", "cachedb", "cachedb-cold"])
@@ -132,6 +157,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--save-mega")
     parser.add_argument("--cachedb-via", choices=["installed", "export"], default="installed")
     parser.add_argument("--models", default="mlp,dynamic,gemm")
+    parser.add_argument("--precompile", action="store_true",
+                        help="cachedb modes: cachedb.installed(db, precompile=True)")
+    parser.add_argument("--save-precompile", action="store_true",
+                        help="files: torch.compiler.save_cache_artifacts() after the workloads (writes the packages)")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--trace-coordesc", help="write a JSON line per runtime coordinate descent to this file")
     parser.add_argument("--dump-launchers", help="write {kernel name: config of its launcher} after the workloads")
@@ -179,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         "mlp": bc._workload_mlp,
         "dynamic": bc._workload_dynamic,
         "gemm": bc._workload_gemm_autotune,
+        "rows": _workload_rows,
     }
     if args.device == "cuda":
         from benchmarks._gpu_workloads import WORKLOADS
@@ -203,7 +233,8 @@ def main(argv: list[str] | None = None) -> int:
             with cachedb.CacheDB(args.db) as db:
                 export_cache_dir(db, args.cache_dir)
         else:
-            scope = cachedb.installed(args.db, remote=args.remote)
+            scope = cachedb.installed(args.db, remote=args.remote,
+                                      **({"precompile": True} if args.precompile else {}))
         seconds["setup"] = time.perf_counter() - t
 
     results: dict[str, Any] = {}
@@ -223,6 +254,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.dump_launchers:
         Path(args.dump_launchers).write_text(json.dumps(launchers, indent=1, sort_keys=True))
 
+    if args.save_precompile:
+        torch.compiler.save_cache_artifacts()  # None when nothing new was compiled (all hits)
     if args.save_mega:
         saved = torch.compiler.save_cache_artifacts()
         assert saved is not None, "save_cache_artifacts returned nothing"
@@ -246,6 +279,9 @@ def main(argv: list[str] | None = None) -> int:
                 "cpp_builds": cpp["n"],
                 "counters": flat,
                 "remote_counts": remote_counts,
+                "frames": int(counters["frames"]["total"]),
+                "unique_graphs": int(counters["stats"]["unique_graphs"]),
+                "dynamo_cache": {k: int(v) for k, v in counters["dynamo_cache"].items()},
                 "phases_s": {k: round(v, 3) for k, v in phases},
                 "ok": all(r.get("ok") for r in results.values()),
             }
