@@ -453,3 +453,30 @@ def test_a_damaged_package_is_quarantined_and_the_compile_goes_on(precompile_run
     with CacheDB(db_path) as db, db.read() as repos:
         assert repos.session.execute(text("SELECT kind, key FROM quarantined_entries")).all() == [("precompile", key)]
         assert repos.dynamo("precompile").get(key) is not None  # saved again at exit
+
+
+@pytest.mark.slow
+def test_cachedb_run_serves_both_with_torch_s_own_switches(tmp_path: Path) -> None:
+    """Under ``cachedb run`` (cachedb activates itself in the program), torch's own switches
+    are enough: ``TORCH_COMPILE_JOB_ID`` and ``TORCH_CACHING_PRECOMPILE=1``; the packages are
+    stored at exit (the program never calls ``save_cache_artifacts``)."""
+    pytest.importorskip("torch")
+    db = tmp_path / "cache.db"
+
+    def run(cache_dir: Path) -> dict:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("CACHEDB_", "TORCH_"))}
+        env.update(TORCHINDUCTOR_CACHE_DIR=str(cache_dir), TORCHINDUCTOR_COMPILE_THREADS="1",
+                   TORCH_COMPILE_JOB_ID="job1", TORCH_CACHING_PRECOMPILE="1")
+        proc = subprocess.run([sys.executable, "-m", "cachedb", "--db", str(db), "run", "--", sys.executable,
+                               str(CHILD), "files", "--list-dir"], capture_output=True, text=True, env=env,
+                              timeout=900, cwd=ROOT)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        assert _cachedb_lines(proc.stderr) == [], proc.stderr[-3000:]
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    cold, warm = run(tmp_path / "cold"), run(tmp_path / "warm")
+    assert cold["dynamo_cache"] == {"dynamo_cache_miss": 2} and cold["frames"]["total"] == 3
+    assert warm["dynamo_cache"] == {"dynamo_cache_hit": 2} and warm["frames"] == {}
+    assert not [f for out in (cold, warm) for f in out["files"] if f.startswith("dynamo/")]
+    with CacheDB(db) as c, c.read() as repos:
+        assert repos.pgo.keys() == ["job1_None_"] and repos.dynamo("precompile").count() == 2
