@@ -197,3 +197,41 @@ def test_lean_best_configs_migration_keeps_every_config(db: CacheDB) -> None:
     with db.read() as repos:
         assert repos.best_configs.get("ef/third.best_config") == first
         assert repos.best_configs.get("cd/second.best_config") == second
+
+
+def test_timing_precisions_of_torch_2_15_fit_after_0008(db: CacheDB) -> None:
+    """torch 2.15 keys timings by backend precisions (``"cuda:none,mkldnn:none"``, 21
+    characters): PostgreSQL refused them under revision 0007's VARCHAR(16). Timings stored
+    before the upgrade keep their rows, history and winners; a 2.15 precision is stored and
+    looked up after it, on SQLite and PostgreSQL."""
+    from cachedb.fingerprint import Fingerprint
+
+    inputs = "[('cuda', 'torch.bfloat16', 64, 64)]"
+    with db.transaction() as repos:
+        fp = repos.fingerprints.ensure(Fingerprint(system={"hash": "s" * 64, "device": {"name": "H100"}}))
+    _migrate.downgrade(db.engine, "0007")
+    with db.engine.begin() as conn:
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar_one() == "0007"
+    with db.transaction() as repos:
+        repos.timings.record(fp, "mm", inputs, "highest", {"aten": 0.5, "triton_a": 0.25})
+    before = _timing_rows(db)
+
+    assert db.upgrade() is True
+    assert _diff(db) == []
+    assert _timing_rows(db) == before
+    precision = "cuda:none,mkldnn:none"
+    with db.transaction() as repos:
+        repos.timings.record(fp, "mm", inputs, precision, {"aten": 0.75, "triton_b": 0.125})
+    with db.read() as repos:
+        assert repos.timings.lookup([fp], "mm", inputs, precision) == {"aten": 0.75, "triton_b": 0.125}
+        assert repos.timings.lookup([fp], "mm", inputs, "highest") == {"aten": 0.5, "triton_a": 0.25}
+    with db.engine.connect() as conn:
+        winners = conn.execute(text("SELECT precision, choice_hash FROM autotune_winners ORDER BY precision")).all()
+    assert [tuple(w) for w in winners] == [(precision, "triton_b"), ("highest", "triton_a")]
+
+
+def _timing_rows(db: CacheDB) -> list[tuple]:
+    with db.engine.connect() as conn:
+        return [tuple(r) for r in conn.execute(text(
+            "SELECT op, inputs, precision, choice_hash, timing_ms FROM autotune_timings ORDER BY id"
+        ))]

@@ -151,7 +151,7 @@ autotune_keys = Table(
     Column("op", String(256), nullable=False),
     Column("inputs", Text, nullable=False),
     Column("hint_override", BigInteger),
-    Column("precision", String(16), nullable=False),
+    Column("precision", String(64), nullable=False),
     Index("ix_autotune_keys_lookup", "fingerprint_id", "op", "inputs", "precision"),
 )
 
@@ -352,7 +352,7 @@ AUTOTUNE_TIMINGS = Table(
     Column("op", String(256), nullable=False),
     Column("inputs", Text, nullable=False),
     Column("hint_override", BigInteger),
-    Column("precision", String(16), nullable=False),
+    Column("precision", String(64), nullable=False),
     Column("choice_hash", Text, nullable=False),
     Column("timing_ms", Float, nullable=False),
     Column("position", BigInteger, nullable=False),
