@@ -236,6 +236,17 @@ def emit(rows: Sequence[dict[str, Any]], columns: Sequence[str], fmt: str) -> No
         Console(width=max(120, Console().width)).print(table)
 
 
+def print_skipped(report: Any, what: str) -> None:
+    """An import's ``note:`` and ``skipped:`` lines (one per path, on stderr), then how many
+    ``what`` (e.g. ``"file(s) skipped"``) were not stored, if any."""
+    for p in report.notes:
+        err.print(f"note: {p.path}: {p.reason}", highlight=False, markup=False)
+    for p in report.problems:
+        err.print(f"skipped: {p.path}: {p.reason}", highlight=False, markup=False)
+    if report.problems:
+        err.print(f"{len(report.problems)} {what}", highlight=False)
+
+
 def _printable(text: str) -> str:
     """``text`` with undecodable file-name bytes (surrogate escapes) shown as ``\\xNN``."""
     return text.encode("utf-8", "backslashreplace").decode("utf-8")

@@ -15,6 +15,7 @@ from ._common import (
     err,
     main,
     pass_ctx,
+    print_skipped,
 )
 
 
@@ -104,9 +105,4 @@ def import_artifacts_cmd(obj: _Context, file: str) -> None:
         )
     emit(rows, ("type", "artifacts", "added", "unchanged", "skipped"), "table")
     click.echo(f"{report.bytes_read} bytes read from {file}")
-    for p in report.notes:
-        err.print(f"note: {p.path}: {p.reason}", highlight=False, markup=False)
-    for p in report.problems:
-        err.print(f"skipped: {p.path}: {p.reason}", highlight=False, markup=False)
-    if report.problems:
-        err.print(f"{len(report.problems)} artifact(s) not stored", highlight=False)
+    print_skipped(report, "artifact(s) not stored")

@@ -36,6 +36,7 @@ from ._common import (
     err,
     main,
     pass_ctx,
+    print_skipped,
 )
 
 
@@ -106,12 +107,7 @@ def import_(obj: _Context, cache_dir: str, this_machine: bool, workers: int | No
         "table",
     )
     click.echo(f"{report.bytes_read} bytes read; {report.ignored_files} files not cachedb's (sources, object files, locks, ...)")
-    for p in report.notes:
-        err.print(f"note: {p.path}: {p.reason}", highlight=False, markup=False)
-    for p in report.problems:
-        err.print(f"skipped: {p.path}: {p.reason}", highlight=False, markup=False)
-    if report.problems:
-        err.print(f"{len(report.problems)} file(s) skipped", highlight=False)
+    print_skipped(report, "file(s) skipped")
 
 
 @main.command("export")
