@@ -123,21 +123,34 @@ def test_compiling_processes_load_no_orm(warm_db: tuple[Path, dict, dict]) -> No
         assert [m for m in run["imported"] if m.startswith("sqlalchemy.orm") or m == "cachedb.store.models"] == []
 
 
-def _precompiled_headers(machine_tmp: Path) -> list[str]:
-    """Suffixes of the files in ``machine_tmp``'s ``torchinductor_*/precompiled_headers``."""
-    return sorted(p.suffix for p in machine_tmp.glob("torchinductor_*/precompiled_headers/*.h*"))
+def _precompiled_headers(machine_tmp: Path) -> tuple[list[str], list[str]]:
+    """Suffixes of the files in ``machine_tmp``'s ``torchinductor_*/precompiled_headers``:
+    (torch's own, ``<hash>.h*``; cachedb's aliases, ``cachedb-<hash>.h*``)."""
+    files = sorted(machine_tmp.glob("torchinductor_*/precompiled_headers/*.h*"))
+    return (sorted(p.suffix for p in files if not p.name.startswith("cachedb-")),
+            sorted(p.suffix for p in files if p.name.startswith("cachedb-")))
+
+
+def _alias_points_to_torchs_header(machine_tmp: Path) -> bool:
+    """The alias's ``.gch`` is a link to the ``.gch`` torch built (the one a compile uses)."""
+    (alias,) = machine_tmp.glob("torchinductor_*/precompiled_headers/cachedb-*.h.gch")
+    (real,) = [p for p in alias.parent.glob("*.h.gch") if not p.name.startswith("cachedb-")]
+    return alias.is_symlink() and alias.resolve() == real.resolve()
 
 
 @pytest.mark.slow
 def test_fresh_machine_builds_no_precompiled_header(warm_db: tuple[Path, dict, dict]) -> None:
-    """Inductor precompiles ``cpp_prefix.h`` (a ~150 MB ``.gch`` outside the cache directory,
-    seconds of g++) before it looks for a CPU kernel library. The cold run compiled libraries,
-    so it built the header first, as torch does; the warm run on a fresh machine got every
-    library from the database and built none (the header's ``.h`` is written, no ``.gch``).
-    Both runs' workloads gave the right results (``_cachedb_run`` checks the exit status)."""
+    """Inductor preprocesses ``cpp_prefix.h`` (to hash it) and precompiles it (a ~150 MB
+    ``.gch`` outside the cache directory, seconds of g++) before it looks for a CPU kernel
+    library. The cold run compiled libraries, so torch's ``_precompile_header`` ran and built
+    its header, and cachedb's alias links to it; the warm run on a fresh machine got every
+    library from the database: torch's ``_precompile_header`` never ran (no ``<hash>.h``) and
+    only the alias's plain text is there. Both runs' workloads gave the right results
+    (``_cachedb_run`` checks the exit status)."""
     root = warm_db[0].parent
-    assert _precompiled_headers(root / MACHINES[0]) == [".gch", ".h"]
-    assert _precompiled_headers(root / MACHINES[1]) == [".h"]
+    assert _precompiled_headers(root / MACHINES[0]) == ([".gch", ".h"], [".gch", ".h"])
+    assert _alias_points_to_torchs_header(root / MACHINES[0])
+    assert _precompiled_headers(root / MACHINES[1]) == ([], [".h"])
 
 
 @pytest.mark.slow
@@ -149,8 +162,9 @@ def test_precompiled_header_with_a_compile_thread_pool(tmp_path: Path) -> None:
     threads = {"TORCHINDUCTOR_COMPILE_THREADS": "2"}
     _cachedb_run(db, tmp_path / "cold", tmp_path / "machine-c", **threads)
     warm = _cachedb_run(db, tmp_path / "warm", tmp_path / "machine-d", **threads)
-    assert _precompiled_headers(tmp_path / "machine-c") == [".gch", ".h"]
-    assert _precompiled_headers(tmp_path / "machine-d") == [".h"]
+    assert _precompiled_headers(tmp_path / "machine-c") == ([".gch", ".h"], [".gch", ".h"])
+    assert _alias_points_to_torchs_header(tmp_path / "machine-c")
+    assert _precompiled_headers(tmp_path / "machine-d") == ([], [".h"])
     assert warm["counters"]["fxgraph_cache_hit"] == 5
 
 

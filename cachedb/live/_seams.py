@@ -16,6 +16,8 @@ seam (torch 2.11 / 2.13)                               served from
 import in gemm_template.py)
 ``codecache._worker_compile_cpp``,                      ``kernel_artifacts`` (kind ``cpp``)
 ``cpp_builder.CppBuilder.build`` (C++ kernel libraries)
+``codecache._precompile_header`` (put off until a       (nothing stored)
+compile needs it)
 Triton's ``CacheManager`` (``TRITON_CACHE_MANAGER``,     ``kernel_artifacts`` (kind ``triton``)
 set by :func:`cachedb.install`; checked when Triton is
 installed)
@@ -53,7 +55,7 @@ from typing import Any
 from .._errors import CacheDBError
 from ._autoload import spec_from_others
 from . import _pgo, _precompile
-from ._cpp_cache import wrap_build, wrap_worker_compile_cpp
+from ._cpp_cache import wrap_build, wrap_precompile_header, wrap_worker_compile_cpp
 from ._store import LazyLocalCache, LiveStore
 
 log = logging.getLogger("cachedb.live")
@@ -433,7 +435,11 @@ def _worker_compile_cpp_seam() -> list[_Patch]:
     codecache = _require(CODECACHE)
     worker = _require(CODECACHE, "_worker_compile_cpp")
     _require(CODECACHE, "CppCodeCache", "load_async")
-    return [_Patch(codecache, "_worker_compile_cpp", wrap_worker_compile_cpp(worker))]
+    patches = [_Patch(codecache, "_worker_compile_cpp", wrap_worker_compile_cpp(worker))]
+    precompile_header = getattr(codecache, "_precompile_header", None)  # the header preprocessing, put off
+    if precompile_header is not None and hasattr(codecache, "_HEADER_DIR"):
+        patches.append(_Patch(codecache, "_precompile_header", wrap_precompile_header(precompile_header, codecache)))
+    return patches
 
 
 def _cpp_builder_seam() -> list[_Patch]:
