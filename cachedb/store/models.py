@@ -345,20 +345,10 @@ class KernelArtifact(Base):
     blob: Mapped[KernelBlob] = relationship()
 
 
-class PgoProfile(Base):
-    """A Dynamo PGO profile (automatic-dynamic code state, torch/_dynamo/pgo.py), revision 0006.
-
-    ``key`` is the name torch gives the file, ``dynamo/code_state_<key>.pkl`` (``code_state_path``:
-    the PGO cache key ``f"{job_id}:{rank}:{cache_key_tag}"`` with ``<>:"/\\|?*`` made ``_``), so
-    two cache keys that share a file in torch share a row here. ``payload`` is the pickle
-    torch wrote (a ``defaultdict[CodeId, CodeState]``), stored as a checksummed payload and
-    handed back to torch as it is: cachedb never unpickles it. A profile is rewritten whole by
-    each process that learns something (the one it loaded plus what it learned), so one row
-    per key and the newer ``updated_at`` wins (as torch's own file: the last write stays).
-    ``last_used_at`` (indexed) and ``hit_count`` count serves (eviction).
-    """
-
-    __table__ = tables.pgo_profiles
+class _DynamoPayload:
+    """The columns Dynamo's two caches share (one pickle per key, the newer wins):
+    ``payload`` as torch wrote it, checksummed and signed like every payload, ``last_used_at``
+    and ``hit_count`` for eviction."""
 
     id: Mapped[int]
     key: Mapped[str]
@@ -373,7 +363,23 @@ class PgoProfile(Base):
     hit_count: Mapped[int]
 
 
-class DynamoPackage(Base):
+class PgoProfile(_DynamoPayload, Base):
+    """A Dynamo PGO profile (automatic-dynamic code state, torch/_dynamo/pgo.py), revision 0006.
+
+    ``key`` is the name torch gives the file, ``dynamo/code_state_<key>.pkl`` (``code_state_path``:
+    the PGO cache key ``f"{job_id}:{rank}:{cache_key_tag}"`` with ``<>:"/\\|?*`` made ``_``), so
+    two cache keys that share a file in torch share a row here. ``payload`` is the pickle
+    torch wrote (a ``defaultdict[CodeId, CodeState]``), stored as a checksummed payload and
+    handed back to torch as it is: cachedb never unpickles it. A profile is rewritten whole by
+    each process that learns something (the one it loaded plus what it learned), so one row
+    per key and the newer ``updated_at`` wins (as torch's own file: the last write stays).
+    ``last_used_at`` (indexed) and ``hit_count`` count serves (eviction).
+    """
+
+    __table__ = tables.pgo_profiles
+
+
+class DynamoPackage(_DynamoPayload, Base):
     """A precompiled Dynamo package (torch's caching precompile, torch/_dynamo/package.py),
     revision 0007.
 
@@ -389,15 +395,3 @@ class DynamoPackage(Base):
     """
 
     __table__ = tables.dynamo_packages
-
-    id: Mapped[int]
-    key: Mapped[str]
-    payload: Mapped[bytes]
-    size_bytes: Mapped[int]
-    checksum: Mapped[str]
-    signature: Mapped[Optional[str]]
-    fingerprint_id: Mapped[Optional[int]]
-    created_at: Mapped[dt.datetime]
-    updated_at: Mapped[dt.datetime]
-    last_used_at: Mapped[dt.datetime]
-    hit_count: Mapped[int]
