@@ -77,7 +77,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--keep-scratch", action="store_true", help="do not delete the scratch directory")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
-                        help="§1 warm start: CPU workloads, or the GPU workloads on a CUDA machine")
+                        help="§1 warm start and §10 Dynamo: CPU workloads, or the GPU workloads on a CUDA machine")
     return parser.parse_args(argv)
 
 
