@@ -14,7 +14,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import inspect, text
 
-from cachedb import CacheDB, NotADatabaseError, SchemaTooNewError
+from cachedb import CacheDB, MigrationError, NotADatabaseError, SchemaTooNewError
 from cachedb.store import migrate as _migrate
 from cachedb.store.models import VIEW_NAMES, Base
 
@@ -228,6 +228,28 @@ def test_timing_precisions_of_torch_2_15_fit_after_0008(db: CacheDB) -> None:
     with db.engine.connect() as conn:
         winners = conn.execute(text("SELECT precision, choice_hash FROM autotune_winners ORDER BY precision")).all()
     assert [tuple(w) for w in winners] == [(precision, "triton_b"), ("highest", "triton_a")]
+
+
+def test_downgrade_below_0008_refuses_long_precisions_on_postgresql(db: CacheDB) -> None:
+    """On PostgreSQL, narrowing the column back would truncate torch 2.15's precisions: the
+    downgrade raises MigrationError and the schema and the rows stay as they were. SQLite
+    enforces no declared length, so there the downgrade goes through with the rows intact."""
+    from cachedb.fingerprint import Fingerprint
+
+    with db.transaction() as repos:
+        fp = repos.fingerprints.ensure(Fingerprint(system={"hash": "s" * 64, "device": {"name": "H100"}}))
+        repos.timings.record(fp, "mm", "[()]", "cuda:none,mkldnn:none", {"aten": 0.5})
+    before = _timing_rows(db)
+    if db.engine.dialect.name == "postgresql":
+        with pytest.raises(MigrationError, match="precision holds a value of 21 characters"):
+            _migrate.downgrade(db.engine, "0007")
+        expected = "0008"
+    else:
+        _migrate.downgrade(db.engine, "0007")
+        expected = "0007"
+    with db.engine.connect() as conn:
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar_one() == expected
+    assert _timing_rows(db) == before
 
 
 def _timing_rows(db: CacheDB) -> list[tuple]:

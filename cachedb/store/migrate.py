@@ -192,12 +192,17 @@ def upgrade(engine: Engine, *, where: str, lock_timeout_s: float = DEFAULT_UPGRA
 
 
 def downgrade(engine: Engine, revision: str) -> None:
-    """Downgrade to ``revision`` (``"base"`` drops everything). For tests and rollbacks."""
+    """Downgrade to ``revision`` (``"base"`` drops everything). For tests and rollbacks. Raises
+    :class:`MigrationError` when a step refuses or fails (the transaction is rolled back:
+    nothing stored changes)."""
     from alembic import command
 
     with engine.connect().execution_options(**{WRITE_OPTION: True}) as conn:
-        with conn.begin(), _ALEMBIC_LOCK:
-            command.downgrade(alembic_config(conn), revision)
+        try:
+            with conn.begin(), _ALEMBIC_LOCK:
+                command.downgrade(alembic_config(conn), revision)
+        except Exception as exc:
+            raise MigrationError(f"{engine.url.render_as_string()}: downgrade to {revision} failed: {exc}") from exc
 
 
 __all__ = [
