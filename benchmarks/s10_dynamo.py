@@ -146,38 +146,40 @@ def run(ctx: Context) -> SectionResult:
         return summarize([s["dynamo_cache"].get("dynamo_cache_hit", 0) for s in samples], "hits")
 
     shapes_label = "the 7/33/1,024-row function" if not gpu else "the dynamic-shape graphs (dynamic_gpu)"
-    if pgo:
-        f_db, f_local = dist(pgo["warm cachedb"], "frames", "frames"), dist(pgo["warm local"], "frames", "frames")
-        res.rows.append(Row("PGO on: frames compiled, fresh dir from cachedb vs warm local files", f_db, f_local,
-                            "warm local dir", target="= warm local", met=f_db.median == f_local.median))
-        t_db, t_local = dist(pgo["warm cachedb"], "first_call_s", "s"), dist(pgo["warm local"], "first_call_s", "s")
-        res.rows.append(Row("PGO on: first calls, fresh dir from cachedb vs warm local files", t_db, t_local,
+
+    def versus_local(label: str, samples: dict[str, list[dict[str, Any]]], counted: str, count: Any) -> Any:
+        """The rows each setting shares: ``counted`` (``count(samples)``: what the setting
+        saves, = warm local), first calls (≤ 1.0x) and the shapes workload's first calls, a
+        fresh dir from cachedb against warm local files. Returns the first calls from cachedb."""
+        c_db, c_local = count(samples["warm cachedb"]), count(samples["warm local"])
+        res.rows.append(Row(f"{label}: {counted}, fresh dir from cachedb vs warm local files", c_db, c_local,
+                            "warm local dir", target="= warm local", met=c_db.median == c_local.median))
+        t_db = dist(samples["warm cachedb"], "first_call_s", "s")
+        t_local = dist(samples["warm local"], "first_call_s", "s")
+        res.rows.append(Row(f"{label}: first calls, fresh dir from cachedb vs warm local files", t_db, t_local,
                             "warm local dir", target="≤ 1.0x", met=t_db.median <= t_local.median))
-        res.rows.append(Row(f"PGO on: first calls of {shapes_label} alone, fresh dir from cachedb vs warm local "
-                            "files", shapes(pgo["warm cachedb"]), shapes(pgo["warm local"]), "warm local dir"))
+        res.rows.append(Row(f"{label}: first calls of {shapes_label} alone, fresh dir from cachedb vs warm local "
+                            "files", shapes(samples["warm cachedb"]), shapes(samples["warm local"]), "warm local dir"))
+        return t_db
+
+    def frames(samples: list[dict[str, Any]]) -> Any:
+        return dist(samples, "frames", "frames")
+
+    if pgo:
+        versus_local("PGO on", pgo, "frames compiled", frames)
         res.rows.append(Row("PGO on: frames compiled, cold (no profile yet) vs warm local files (torch alone, for "
-                            "scale)", dist(pgo["cold files"], "frames", "frames"), f_local, "warm local dir",
+                            "scale)", frames(pgo["cold files"]), frames(pgo["warm local"]), "warm local dir",
                             note="not cachedb"))
-    h_db, h_local = hits(pre["warm cachedb"]), hits(pre["warm local"])
-    res.rows.append(Row("precompile on: dynamo_cache_hit, fresh dir from cachedb vs warm local files", h_db, h_local,
-                        "warm local dir", target="= warm local", met=h_db.median == h_local.median))
-    p_db, p_local = dist(pre["warm cachedb"], "first_call_s", "s"), dist(pre["warm local"], "first_call_s", "s")
-    res.rows.append(Row("precompile on: first calls, fresh dir from cachedb vs warm local files", p_db, p_local,
-                        "warm local dir", target="≤ 1.0x", met=p_db.median <= p_local.median))
-    res.rows.append(Row(f"precompile on: first calls of {shapes_label} alone, fresh dir from cachedb vs warm local "
-                        "files", shapes(pre["warm cachedb"]), shapes(pre["warm local"]), "warm local dir"))
+    p_db = versus_local("precompile on", pre, "dynamo_cache_hit", hits)
     res.rows.append(Row("precompile on: frames compiled, fresh dir from cachedb vs warm local files",
-                        dist(pre["warm cachedb"], "frames", "frames"), dist(pre["warm local"], "frames", "frames"),
-                        "warm local dir"))
+                        frames(pre["warm cachedb"]), frames(pre["warm local"]), "warm local dir"))
     p_off = dist(pre[OFF], "first_call_s", "s")
     res.rows.append(Row("cachedb warm start with precompile vs without: first calls", p_db, p_off,
                         "cachedb, fresh dir, precompile off", target="≤ 0.8x" if gpu else "",
                         met=(p_db.median <= 0.8 * p_off.median) if gpu else None,
                         note="the Dynamo tracing a precompile hit skips"))
-    res.rows.append(Row("cachedb warm start with precompile vs without: frames compiled",
-                        dist(pre["warm cachedb"], "frames", "frames"),
-                        dist(pre[OFF], "frames", "frames"),
-                        "cachedb, fresh dir, precompile off"))
+    res.rows.append(Row("cachedb warm start with precompile vs without: frames compiled", frames(pre["warm cachedb"]),
+                        frames(pre[OFF]), "cachedb, fresh dir, precompile off"))
     settings = ([("PGO on", pgo)] if pgo else []) + [("precompile on", pre)]
     for label, samples in settings:
         res.rows.append(Row(f"{label}: cold compile writing to cachedb vs cold to files: first calls",
