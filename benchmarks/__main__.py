@@ -34,6 +34,7 @@ from . import (  # noqa: E402
     s8_fleet,
     s9_startup,
     s10_dynamo,
+    s11_herd,
 )
 from ._context import Context  # noqa: E402
 from ._report import (  # noqa: E402
@@ -50,11 +51,11 @@ from ._report import (  # noqa: E402
 SECTIONS: dict[str, object] = {
     m.NAME: m
     for m in (s1_warm_start, s2_timings, s3_best_configs, s4_guarded, s5_import, s6_concurrency, s7_disk,
-              s8_fleet, s9_startup, s10_dynamo)
+              s8_fleet, s9_startup, s10_dynamo, s11_herd)
 }
 #: Display order (§ numbers of the issue).
 ORDER = ["warm_start", "timings", "best_configs", "guarded", "import", "concurrency", "disk", "fleet", "startup",
-         "pgo"]
+         "pgo", "herd"]
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 

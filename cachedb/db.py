@@ -164,7 +164,8 @@ class CacheDB:
     ``signer`` (default: from ``$CACHEDB_HMAC_KEY``, see :mod:`cachedb.store.signing`) signs what
     is written and refuses to serve what does not verify. ``network_timeout_s`` bounds, in
     seconds, connecting to a server database and each statement there (see
-    :func:`~cachedb.store.engine.create_cachedb_engine`).
+    :func:`~cachedb.store.engine.create_cachedb_engine`; ``statement_timeout=False`` leaves the
+    statements' bound out, for a pooler that refuses it).
 
     Raises:
         NotADatabaseError: the path holds a file that is not SQLite (left untouched).
@@ -181,15 +182,19 @@ class CacheDB:
         busy_timeout_s: float = 30.0,
         signer: Signer | None = None,
         network_timeout_s: float | None = None,
+        statement_timeout: bool = True,
     ) -> None:
         self.signer = signer if signer is not None else Signer.from_environment()
+        #: The revision :meth:`check_schema` read when opened with ``upgrade=False``.
+        self.stamped_revision: str | None = None
         raw = location if location is not None else default_location()
         try:
             self.url = to_url(raw)
             self.path: Path | None = sqlite_path(self.url)
             self.where = str(self.path) if self.path is not None else self.url.render_as_string(hide_password=True)
             self.engine: Engine = create_cachedb_engine(
-                self.url, busy_timeout_s=busy_timeout_s, network_timeout_s=network_timeout_s
+                self.url, busy_timeout_s=busy_timeout_s, network_timeout_s=network_timeout_s,
+                statement_timeout=statement_timeout,
             )
         except DatabaseOpenError:
             raise
@@ -219,9 +224,11 @@ class CacheDB:
             return migrate.current_revision(conn)
 
     def check_schema(self) -> None:
-        """Raise :class:`~cachedb.SchemaTooNewError` if the database is ahead of the code."""
+        """Raise :class:`~cachedb.SchemaTooNewError` if the database is ahead of the code.
+        Sets :attr:`stamped_revision` (the revision read, ``None`` for an empty database)."""
         with self.engine.connect() as conn:
-            if migrate._stamped_revision(conn) == migrate.HEAD_REVISION:
+            self.stamped_revision = migrate._stamped_revision(conn)
+            if self.stamped_revision == migrate.HEAD_REVISION:
                 return  # the common case, without importing Alembic
         migrate._check_known(self.where, self.revision())
 

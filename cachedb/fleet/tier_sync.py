@@ -28,6 +28,7 @@ caller opens DST's transaction (compression holds no lock).
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -187,6 +188,29 @@ def fetch(conn: Connection, entry: Entry, *, with_blobs: bool = True) -> Bundle:
             values = dict(mapping)
             bundle.ops.setdefault(values.pop("request_key"), []).append(values)
     return bundle
+
+
+#: Columns that differ between two copies of the same rows: when each was made or used.
+_VOLATILE = frozenset({"created_at", "updated_at", "last_used_at", "hit_count", "time_taken_ns", "time_taken_ms"})
+
+
+def content_digest(bundle: Bundle) -> bytes:
+    """A 16-byte digest of what ``bundle``'s rows hold, less :data:`_VOLATILE` columns (when a
+    row was written or last served): equal for the same entry written by two processes that
+    stored the same content (the remote would keep one row of each), different once a row was
+    added or a value changed."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(str(bundle.entry).encode("utf-8", "surrogatepass"))
+    for row in bundle.rows:
+        for name in sorted(row):
+            if name not in _VOLATILE:
+                h.update(f"\x1f{name}\x1e".encode())
+                value = row[name]
+                h.update(value if isinstance(value, bytes) else repr(value).encode("utf-8", "surrogatepass"))
+        h.update(b"\x1d")
+    for request_key, ops in sorted(bundle.ops.items()):
+        h.update(repr((request_key, ops)).encode("utf-8", "surrogatepass"))
+    return h.digest()
 
 
 def missing_blobs(conn: Connection, sha256s: Iterable[str]) -> set[str]:

@@ -14,11 +14,23 @@ puts a :class:`RemoteTier` behind the :class:`~cachedb.live._store.LiveStore`:
   ``flush_timeout_s`` seconds). In a :mod:`multiprocessing` child (Inductor's compile
   workers, which their pool terminates without running exit handlers) each write is sent
   before the call returns instead. Kernel blobs the remote already has are not sent again.
-- **Faults**: a remote that cannot be reached, answers slower than ``timeout_s`` (connect and
-  statement timeouts), refuses a write, or has another schema revision makes the tier step
-  aside: one warning, then local only (reads retried after :data:`RETRY_AFTER_S` seconds;
-  a schema mismatch for the rest of the process). A compile never fails because of it and a
-  lookup never waits longer than the timeout. An empty remote database is created at the
+- **Connections**: taken for a burst of lookups or writes and closed ``idle_s`` seconds after
+  the last one (:class:`~cachedb.fleet.connections.IdleCloser`, ``$CACHEDB_REMOTE_IDLE``,
+  default 1 s): the server's connections follow the lookups in flight, not the processes
+  alive. At most one per thread that uses the tier (a compiling thread, the writer).
+- **Coalescing**: the processes sharing one local file (the ranks of a machine, compile
+  workers) ask the remote for an entry once between them: the first asks, the others wait for
+  it and read what it brought into the local file; an entry one of them sent is not sent again
+  by the others (:mod:`cachedb.live._coalesce`).
+- **Faults**: a full server (``too many clients``), a restart (``connection refused``, ``the
+  database system is starting up``), a connection dropped mid-statement and PgBouncer's
+  refusals are waited out with jittered backoff (:func:`cachedb.fleet.connections.transient`)
+  for up to ``timeout_s`` seconds from the lookup's start. A remote still unreachable then,
+  slower than ``timeout_s`` (connect and statement timeouts), that refuses a write, or has
+  another schema revision makes the tier step aside: one warning, then local only (reads
+  retried after :data:`RETRY_AFTER_S` seconds; a schema mismatch for the rest of the
+  process). A compile never fails because of it and a lookup never waits longer than the
+  timeout. An empty remote database is created at the
   code's revision (under PostgreSQL's advisory lock); an older one is not upgraded behind its
   other users' backs (:class:`~cachedb.SchemaTooOldError`: ``cachedb --db URL upgrade``).
 
@@ -36,24 +48,28 @@ import queue
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import event
-from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.exc import IntegrityError
 
 from ..store import migrate
 from ..fleet import tier_sync as sync
+from ..fleet.connections import IdleCloser, backoff, idle_seconds_from_environment, options_refused, transient
 from .._errors import SchemaTooNewError, SchemaTooOldError
 from ..db import CacheDB
+from . import _coalesce
 
 log = logging.getLogger("cachedb.live")
+T = TypeVar("T")
 
 #: Environment variables: the remote's SQLAlchemy URL, and its timeout in seconds.
 ENV_REMOTE_URL = "CACHEDB_REMOTE_URL"
 ENV_REMOTE_TIMEOUT = "CACHEDB_REMOTE_TIMEOUT"
-#: Seconds a remote connect or statement may take before the remote counts as down.
+#: Seconds a remote lookup may take, waits for a full or restarting server included, before
+#: the remote counts as down (also each connect's and statement's bound).
 DEFAULT_REMOTE_TIMEOUT_S = 2.0
 #: Seconds the tier stays local-only after a remote failure before trying again.
 RETRY_AFTER_S = 30.0
@@ -65,6 +81,10 @@ PUSH_BATCH = 64
 _STOP = object()
 
 
+class _Down(Exception):
+    """The remote is down or in its retry pause (already warned about)."""
+
+
 def _in_worker() -> bool:
     """True in a :mod:`multiprocessing` child process. Inductor's compile workers are ones
     (a ``ProcessPoolExecutor`` of its compile sidecar), and the sidecar terminates them when it
@@ -73,15 +93,25 @@ def _in_worker() -> bool:
     return multiprocessing.parent_process() is not None
 
 
+def _parts(entry: sync.Entry) -> tuple[object, ...]:
+    return (entry.kind, *entry.values)
+
+
 class RemoteTier:
     """The remote database of one process's live store (opened on first use).
 
-    ``url``: a SQLAlchemy URL (``postgresql+psycopg://host/db``) or an SQLite path.
-    ``timeout_s`` (seconds) bounds connecting and each statement; ``flush_timeout_s`` (seconds)
-    bounds the wait for queued writes at :meth:`close`. ``counts`` (a :class:`Counter`) says
-    what happened: ``pull`` (remote lookups), ``pull_hit``, ``pulled_rows``, ``push`` (entries
-    sent), ``pushed_rows``, ``lookup_statements`` (statements the lookups ran on the remote:
-    its round trips), ``dropped`` (queue full), ``failures``.
+    ``url``: a SQLAlchemy URL (``postgresql+psycopg://host/db``, or PgBouncer's in transaction
+    pooling mode) or an SQLite path. ``timeout_s`` (seconds) bounds each lookup (its waits for
+    a full or restarting server included), each connect and each statement;
+    ``flush_timeout_s`` (seconds) bounds the wait for queued writes at :meth:`close`;
+    ``idle_s`` (seconds, default ``$CACHEDB_REMOTE_IDLE`` or 1) is how long a connection
+    stays open after its last statement. ``counts`` (a :class:`Counter`) says what happened:
+    ``pull`` (remote lookups this process ran), ``pull_hit``, ``pulled_rows``, ``coalesced``
+    (lookups another process sharing the local file answered), ``push`` (entries sent),
+    ``pushed_rows``, ``push_coalesced`` (entries another process had sent as they are here),
+    ``lookup_statements`` (statements the lookups ran on the remote: its round trips),
+    ``retries`` (transient refusals waited out), ``coalesce_timeouts`` (lookups that waited
+    for another process's ask until the timeout), ``dropped`` (queue full), ``failures``.
     """
 
     def __init__(
@@ -91,19 +121,25 @@ class RemoteTier:
         timeout_s: float = DEFAULT_REMOTE_TIMEOUT_S,
         flush_timeout_s: float = 10.0,
         max_pending: int = DEFAULT_MAX_PENDING,
+        idle_s: float | None = None,
     ) -> None:
         self.url = url
         self.timeout_s = timeout_s
         self.flush_timeout_s = flush_timeout_s
         self.max_pending = max_pending
+        self.idle_s = idle_seconds_from_environment() if idle_s is None else idle_s
         self.counts: Counter[str] = Counter()
         self._db: CacheDB | None = None
+        self._closer: IdleCloser | None = None
+        #: False once the server refused the startup ``options`` (a pooler: PgBouncer)
+        self._statement_timeout = True
         self._lock = threading.RLock()
         self._tls = threading.local()
         self._read_down_until = 0.0
         self._write_down_until = 0.0
         self._warned: set[str] = set()
         self._asked: set[sync.Entry] = set()
+        self._coalescers: dict[int, _coalesce.Coalescer | None] = {}
         self._pid = os.getpid()
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=max_pending)
         self._thread: threading.Thread | None = None
@@ -143,45 +179,93 @@ class RemoteTier:
             self._thread = None
             self._lock = threading.RLock()
 
-    def _open(self, *, for_write: bool = False) -> CacheDB | None:
-        """The remote database, or ``None`` while it is down (or in its retry pause)."""
-        now = time.monotonic()
-        if now < (self._write_down_until if for_write else self._read_down_until):
-            return None
-        with self._lock:
-            if self._db is not None:
-                return self._db
-            try:
-                db = CacheDB(self.url, upgrade=False, busy_timeout_s=self.timeout_s,
-                             network_timeout_s=self.timeout_s)
-            except SchemaTooNewError as exc:
-                self._read_down_until = self._write_down_until = math.inf
-                self._warn_once("opening", exc, seconds=math.inf)
-                return None
-            except Exception as exc:
-                self._read_down_until = self._write_down_until = now + RETRY_AFTER_S
-                self._warn_once("opening", exc, seconds=RETRY_AFTER_S)
-                return None
-            try:
-                with db.engine.connect() as conn:
-                    revision = migrate._stamped_revision(conn)
+    def _coalescer(self, local: CacheDB) -> _coalesce.Coalescer | None:
+        """The sidecar shared with the other processes of ``local``'s file (None: none)."""
+        key = id(local)
+        if key not in self._coalescers:
+            self._coalescers[key] = _coalesce.for_database(local.path)
+        return self._coalescers[key]
+
+    def _connect(self) -> CacheDB:
+        """Open the remote and check its schema (an empty one is created at the code's
+        revision); raises what opening raised."""
+        db = CacheDB(self.url, upgrade=False, busy_timeout_s=self.timeout_s, network_timeout_s=self.timeout_s,
+                     statement_timeout=self._statement_timeout)
+        closer = IdleCloser(db.engine, self.idle_s)
+        try:
+            with closer.lease():
+                revision = db.stamped_revision  # read as it opened
                 if revision is None:  # empty: create the schema (one host, under the advisory lock)
                     db.upgrade()
                 elif revision != migrate.HEAD_REVISION:
                     raise SchemaTooOldError(db.where, revision, migrate.HEAD_REVISION)
-            except SchemaTooOldError as exc:
-                db.close()
-                self._read_down_until = self._write_down_until = math.inf
-                self._warn_once("opening", exc, seconds=math.inf)
-                return None
+        except BaseException:
+            closer.stop()
+            db.close()
+            raise
+        event.listen(db.engine, "before_cursor_execute", self._count_statement)
+        self._closer = closer
+        return db
+
+    def _open(self, deadline: float, *, for_write: bool = False) -> CacheDB:
+        """The remote database, opened on first use, waiting out transient refusals until
+        ``deadline`` (``time.monotonic()`` seconds). Raises :class:`_Down` while it is down
+        or in its retry pause (warned about once)."""
+        now = time.monotonic()
+        if now < (self._write_down_until if for_write else self._read_down_until):
+            raise _Down()
+        with self._lock:
+            if self._db is not None:
+                return self._db
+            delays = backoff(deadline)
+            while True:
+                try:
+                    self._db = self._connect()
+                    return self._db
+                except (SchemaTooNewError, SchemaTooOldError) as exc:
+                    self._read_down_until = self._write_down_until = math.inf
+                    self._warn_once("opening", exc, seconds=math.inf)
+                    raise _Down() from exc
+                except Exception as exc:
+                    if self._statement_timeout and options_refused(exc):
+                        # a pooler (PgBouncer) takes no startup options: statements are bounded
+                        # by its query_timeout and the server's statement_timeout instead
+                        log.debug("cachedb: remote %s refused startup options: opening without them", self.where)
+                        self._statement_timeout = False
+                        continue
+                    delay = next(delays, None) if transient(exc) else None
+                    if delay is not None:
+                        self.counts["retries"] += 1
+                        time.sleep(delay)
+                        continue
+                    self._read_down_until = self._write_down_until = time.monotonic() + RETRY_AFTER_S
+                    self._warn_once("opening", exc, seconds=RETRY_AFTER_S)
+                    raise _Down() from exc
+
+    def _run(self, deadline: float, fn: Callable[[CacheDB], T], *, for_write: bool = False) -> T:
+        """``fn(remote)`` inside a connection lease, run again after a transient failure (a
+        dropped connection, a restart) until ``deadline``; raises :class:`_Down` or the last
+        error."""
+        delays: Iterator[float] | None = None
+        while True:
+            db = self._open(deadline, for_write=for_write)
+            closer = self._closer
+            assert closer is not None
+            try:
+                with closer.lease():
+                    return fn(db)
+            except IntegrityError:
+                raise
             except Exception as exc:
-                db.close()
-                self._read_down_until = self._write_down_until = now + RETRY_AFTER_S
-                self._warn_once("opening", exc, seconds=RETRY_AFTER_S)
-                return None
-            event.listen(db.engine, "before_cursor_execute", self._count_statement)
-            self._db = db
-            return db
+                if not transient(exc):
+                    raise
+                if delays is None:
+                    delays = backoff(deadline)
+                delay = next(delays, None)
+                if delay is None:
+                    raise
+                self.counts["retries"] += 1
+                time.sleep(delay)
 
     def _count_statement(self, *args: Any) -> None:
         if getattr(self._tls, "lookup", False):
@@ -203,43 +287,56 @@ class RemoteTier:
         """Whether this process already asked the remote for ``entry`` (or wrote it itself)."""
         return entry in self._asked
 
-    def pull(self, entry: sync.Entry, local: CacheDB) -> int:
-        """Copy ``entry`` from the remote into ``local``; the number of rows added (0: the
-        remote lacks it, is down, or was already asked by this process). Never raises for
-        the remote's faults (one warning, then local only for :data:`RETRY_AFTER_S`)."""
+    def pull(self, entry: sync.Entry, local: CacheDB) -> bool:
+        """Bring ``entry`` from the remote into ``local``. True when the remote holds it and its
+        rows are in ``local`` now, whoever brought them (this process, or another sharing the
+        file, whose ask answers for this one: :mod:`cachedb.live._coalesce`); False when the
+        remote lacks it, is down, or this process asked already. Waits at most ``timeout_s``
+        seconds. Never raises for the remote's faults (one warning, then local only for
+        :data:`RETRY_AFTER_S`)."""
         self._after_fork()
-        if self.closed or entry in self._asked:
-            return 0
-        db = self._open()
-        if db is None:
-            return 0
-        self.counts["pull"] += 1
-        bundle = None
-        for attempt in (1, 2):
-            try:
-                with self._reading(db) as conn:
-                    bundle = sync.fetch(conn, entry)
-                break
-            except DBAPIError as exc:
-                if attempt == 1 and exc.connection_invalidated:
-                    continue  # the server dropped a pooled connection: once more on a new one
-                self._read_down_until = time.monotonic() + RETRY_AFTER_S
-                self._warn_once("lookup", exc, seconds=RETRY_AFTER_S)
-                return 0
-            except Exception as exc:
-                self._read_down_until = time.monotonic() + RETRY_AFTER_S
-                self._warn_once("lookup", exc, seconds=RETRY_AFTER_S)
-                return 0
+        if self.closed or entry in self._asked or time.monotonic() < self._read_down_until:
+            return False
+        deadline = time.monotonic() + self.timeout_s
+        coalescer = self._coalescer(local)
+        if coalescer is None:
+            return self._ask(entry, local, deadline, None)
+        started = time.time()
+        with coalescer.hold(_parts(entry), deadline) as slot:
+            if slot is None:  # another process of this machine is still asking, past the timeout:
+                self.counts["coalesce_timeouts"] += 1
+                return True  # the caller reads the local file once more (it may have just landed)
+            if slot.asked_at >= started - _coalesce.ASKED_FRESH_S:
+                self._asked.add(entry)
+                self.counts["coalesced"] += 1
+                return slot.found
+            return self._ask(entry, local, deadline, slot)
+
+    def _ask(self, entry: sync.Entry, local: CacheDB, deadline: float, slot: _coalesce.Slot | None) -> bool:
+        def fetch(db: CacheDB) -> sync.Bundle | None:
+            self.counts["pull"] += 1
+            with self._reading(db) as conn:
+                return sync.fetch(conn, entry)
+
+        try:
+            bundle = self._run(deadline, fetch)
+        except _Down:
+            return False
+        except Exception as exc:
+            self._read_down_until = time.monotonic() + RETRY_AFTER_S
+            self._warn_once("lookup", exc, seconds=RETRY_AFTER_S)
+            return False
         self._asked.add(entry)
-        if not bundle:
-            return 0
-        sync.in_form_of(bundle, local.engine.dialect.name)  # before the local write lock
-        with local.write() as repos:
-            added = sync.store(repos.session, bundle)  # type: ignore[arg-type]
-        self.counts["pull_hit"] += 1
-        self.counts["pulled_rows"] += added
-        log.debug("cachedb: remote hit %s: %d row(s) into the local cache", entry, added)
-        return added
+        if bundle:
+            sync.in_form_of(bundle, local.engine.dialect.name)  # before the local write lock
+            with local.write() as repos:
+                added = sync.store(repos.session, bundle)  # type: ignore[arg-type]
+            self.counts["pull_hit"] += 1
+            self.counts["pulled_rows"] += added
+            log.debug("cachedb: remote hit %s: %d row(s) into the local cache", entry, added)
+        if slot is not None:
+            slot.mark_asked(bool(bundle))
+        return bool(bundle)
 
     # -- writes -------------------------------------------------------------------------------
 
@@ -251,15 +348,18 @@ class RemoteTier:
         if self.closed:
             return
         self._asked.add(entry)  # the local file has it now: no need to ask the remote
+        item = (entry, local)
         if _in_worker():
             try:
-                self._send([(entry, local)])
+                self._send([item])
+            except _Down:
+                pass
             except Exception as exc:  # the local file keeps it
                 self._write_down_until = time.monotonic() + RETRY_AFTER_S
                 self._warn_once("write", exc, seconds=RETRY_AFTER_S)
             return
         try:
-            self._queue.put_nowait((entry, local))
+            self._queue.put_nowait(item)
         except queue.Full:
             self.counts["dropped"] += 1
             self._warn_once("write queue", RuntimeError(f"more than {self.max_pending} entries waiting"),
@@ -290,6 +390,8 @@ class RemoteTier:
                 batch.append(item)
             try:
                 self._send(batch)
+            except _Down:
+                pass
             except Exception as exc:  # never let the thread die
                 self._write_down_until = time.monotonic() + RETRY_AFTER_S
                 self._warn_once("write", exc, seconds=RETRY_AFTER_S)
@@ -298,42 +400,63 @@ class RemoteTier:
                     q.task_done()
 
     def _send(self, batch: list[tuple[sync.Entry, CacheDB]]) -> None:
-        db = self._open(for_write=True)
-        if db is None:
+        if time.monotonic() < self._write_down_until:
             return
+        deadline = time.monotonic() + self.timeout_s
         entries: dict[sync.Entry, CacheDB] = dict(batch)  # each entry once, in order
         bundles: list[sync.Bundle] = []
         for entry, local in entries.items():
             with local.lookup() as repos:
                 bundle = sync.fetch(repos.session, entry, with_blobs=False)  # type: ignore[arg-type]
-                if bundle:
-                    # the remote's form, before its transaction
-                    bundles.append(sync.in_form_of(bundle, db.engine.dialect.name))  # a kernel's blobs: below, only those the remote lacks
+            if bundle and self._claim(bundle, local, deadline):
+                bundles.append(bundle)
         if not bundles:
             return
-        for attempt in (1, 2):
-            try:
-                added = 0
-                # A writer transaction from its BEGIN (SQLite: BEGIN IMMEDIATE, waiting up to the
-                # timeout for the lock): a deferred one that reads first fails at once with
-                # "database is locked" when another writer got in between.
-                with db.write() as repos:
-                    conn = repos.session
-                    for bundle in bundles:
-                        if bundle.entry.kind == "kernel":
-                            missing = sync.missing_blobs(conn, (r["sha256"] for r in bundle.rows))
-                            with entries[bundle.entry].lookup() as local_repos:
-                                bundle.blobs = sync.fetch_blobs(local_repos.session, missing)  # type: ignore[arg-type]
-                        added += sync.store(conn, bundle)
-                self.counts["push"] += len(bundles)
-                self.counts["pushed_rows"] += added
-                log.debug("cachedb: remote write: %d entr(ies), %d row(s)", len(bundles), added)
-                return
-            except (IntegrityError, DBAPIError) as exc:
-                # another host wrote the same entry meanwhile (unique key), or the server
-                # dropped the connection: once more, and the second run sees what is there
-                if attempt == 2 or not (isinstance(exc, IntegrityError) or exc.connection_invalidated):
-                    raise
+        db = self._open(deadline, for_write=True)
+        for bundle in bundles:  # the remote's form, before its transaction
+            sync.in_form_of(bundle, db.engine.dialect.name)  # a kernel's blobs: below, only those the remote lacks
+
+        def write(db: CacheDB) -> int:
+            added = 0
+            # A writer transaction from its BEGIN (SQLite: BEGIN IMMEDIATE, waiting up to the
+            # timeout for the lock): a deferred one that reads first fails at once with
+            # "database is locked" when another writer got in between.
+            with db.write() as repos:
+                conn = repos.session
+                for bundle in bundles:
+                    if bundle.entry.kind == "kernel":
+                        missing = sync.missing_blobs(conn, (r["sha256"] for r in bundle.rows))
+                        with entries[bundle.entry].lookup() as local_repos:
+                            bundle.blobs = sync.fetch_blobs(local_repos.session, missing)  # type: ignore[arg-type]
+                    added += sync.store(conn, bundle)
+            return added
+
+        try:
+            added = self._run(deadline, write, for_write=True)
+        except IntegrityError:
+            # another host wrote the same entry meanwhile (unique key): once more, and the second
+            # run sees what is there
+            added = self._run(deadline, write, for_write=True)
+        self.counts["push"] += len(bundles)
+        self.counts["pushed_rows"] += added
+        log.debug("cachedb: remote write: %d entr(ies), %d row(s)", len(bundles), added)
+
+    def _claim(self, bundle: sync.Bundle, local: CacheDB, deadline: float) -> bool:
+        """Whether this process sends ``bundle`` (read from ``local``): not when another
+        process sharing the local file claimed the same content (:mod:`cachedb.live._coalesce`);
+        claimed now otherwise."""
+        coalescer = self._coalescer(local)
+        if coalescer is None:
+            return True
+        content = sync.content_digest(bundle)
+        with coalescer.hold(_parts(bundle.entry), deadline) as slot:
+            if slot is None:  # held past the deadline by a process still asking: send it
+                return True
+            if slot.sent == content:
+                self.counts["push_coalesced"] += 1
+                return False
+            slot.mark_sent(content)
+        return True
 
     def flush(self, timeout_s: float | None = None) -> bool:
         """Wait until every queued entry is sent (or dropped on failure); False if
@@ -364,9 +487,16 @@ class RemoteTier:
             except queue.Full:
                 pass
         with self._lock:
+            if self._closer is not None:
+                self._closer.stop()
+                self._closer = None
             if self._db is not None:
                 self._db.close()
                 self._db = None
+            for coalescer in self._coalescers.values():
+                if coalescer is not None:
+                    coalescer.close()
+            self._coalescers.clear()
 
 
 def _redacted(url: str) -> str:

@@ -152,11 +152,12 @@ class LiveStore:
 
     def pull(self, entry: sync.Entry) -> bool:
         """After a local miss: copy ``entry`` from the remote tier into the local database.
-        True if rows came (the caller reads the local database again)."""
+        True if the remote holds it and its rows are in the local database now, whichever
+        process brought them (the caller reads the local database again)."""
         remote = self.remote
         if remote is None:
             return False
-        return self.safely("remote lookup", False, lambda: remote.pull(entry, self.db) > 0)
+        return self.safely("remote lookup", False, lambda: remote.pull(entry, self.db))
 
     def push(self, *entries: sync.Entry) -> None:
         """After a local write: queue ``entries`` for the remote tier (never blocks)."""

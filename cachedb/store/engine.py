@@ -219,14 +219,24 @@ def begin_immediate(dbapi_conn: sqlite3.Connection, busy_timeout_s: float) -> No
 
 
 def create_cachedb_engine(
-    url: URL, *, busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S, network_timeout_s: float | None = None
+    url: URL, *, busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S, network_timeout_s: float | None = None,
+    statement_timeout: bool = True,
 ) -> Engine:
     """An engine for ``url`` set up for cachedb (see :func:`_setup_sqlite` for SQLite).
 
     ``network_timeout_s`` (seconds; a server database, e.g. the remote tier): connecting gives
-    up after it (libpq ``connect_timeout``, whole seconds, at least 1) and so does every
-    statement (PostgreSQL ``statement_timeout``); the pool then does not ping connections on
-    checkout (the caller retries a statement whose connection was lost instead).
+    up after it (libpq ``connect_timeout``, whole seconds, at least 1) and, with
+    ``statement_timeout``, so does every statement (PostgreSQL ``statement_timeout``, sent as a
+    startup ``options`` parameter, which PgBouncer refuses: :mod:`cachedb.fleet.connections`
+    then opens the engine without it). Such an engine keeps at most one idle connection
+    (``pool_size=1``; up to 4 more while threads overlap, closed when given back), and the
+    pool does not ping connections on checkout (the caller retries a statement whose
+    connection was lost instead).
+
+    On PostgreSQL through psycopg, statements are never prepared on the server
+    (``prepare_threshold=None``): a pooler in transaction mode (PgBouncer) hands each
+    transaction whichever server connection is free, where a statement prepared on another
+    one does not exist.
 
     Raises :class:`~cachedb.NotADatabaseError` for an SQLite path that holds something else.
     """
@@ -234,23 +244,29 @@ def create_cachedb_engine(
     if path is not None:
         check_sqlite_file(path)
     kwargs: dict[str, Any] = {}
-    if url.get_backend_name() == "sqlite":
+    backend = url.get_backend_name()
+    if backend == "sqlite":
         kwargs["connect_args"] = {"timeout": busy_timeout_s, "check_same_thread": False}
         if path is None:  # in-memory: one connection, or every session sees an empty database
             kwargs["poolclass"] = StaticPool
-    elif network_timeout_s is not None and url.get_backend_name() == "postgresql":
-        options = url.query.get("options")
-        if isinstance(options, tuple):
-            options = " ".join(options)
-        statement_ms = max(1, int(network_timeout_s * 1000))
-        kwargs["connect_args"] = {
-            "connect_timeout": max(1, math.ceil(network_timeout_s)),
-            "options": " ".join(filter(None, [options, f"-c statement_timeout={statement_ms}"])),
-        }
+    elif network_timeout_s is not None and backend == "postgresql":
+        connect_args: dict[str, Any] = {"connect_timeout": max(1, math.ceil(network_timeout_s))}
+        if "application_name" not in url.query:  # cachedb's connections, in pg_stat_activity
+            connect_args["application_name"] = "cachedb"
+        if statement_timeout:
+            options = url.query.get("options")
+            if isinstance(options, tuple):
+                options = " ".join(options)
+            statement_ms = max(1, int(network_timeout_s * 1000))
+            connect_args["options"] = " ".join(filter(None, [options, f"-c statement_timeout={statement_ms}"]))
+        kwargs["connect_args"] = connect_args
+        kwargs.update(pool_size=1, max_overflow=4, pool_timeout=network_timeout_s)
     else:
         kwargs["pool_pre_ping"] = True
+    if backend == "postgresql" and url.get_driver_name() == "psycopg":
+        kwargs.setdefault("connect_args", {})["prepare_threshold"] = None
     engine = create_engine(url, **kwargs)
-    if url.get_backend_name() == "sqlite":
+    if backend == "sqlite":
         _setup_sqlite(engine, busy_timeout_s)
     _dispose_in_forked_children(engine)
     return engine

@@ -86,8 +86,19 @@ def current_revision(connection: Connection) -> str | None:
 
 def _stamped_revision(connection: Connection) -> str | None:
     """``alembic_version.version_num`` read with plain SQL (``None``: no table or no row, or
-    several rows: Alembic decides then)."""
-    if not inspect(connection).has_table("alembic_version"):
+    several rows: Alembic decides then). Whether the table exists is asked with one catalog
+    query (PostgreSQL ``to_regclass``, which follows ``search_path``; SQLite
+    ``sqlite_master``), not SQLAlchemy's inspector, whose reflection costs a process opening a
+    remote tier several milliseconds."""
+    dialect = connection.dialect.name
+    if dialect == "postgresql":
+        exists = connection.execute(text("SELECT to_regclass('alembic_version') IS NOT NULL")).scalar()
+    elif dialect == "sqlite":
+        exists = connection.execute(
+            text("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'alembic_version'")).first() is not None
+    else:
+        exists = inspect(connection).has_table("alembic_version")
+    if not exists:
         return None
     rows = connection.execute(text("SELECT version_num FROM alembic_version")).all()
     return rows[0][0] if len(rows) == 1 else None
