@@ -2,12 +2,15 @@
 print one JSON line of what Dynamo did.
 
 ``python tests/_dynamo_child.py files|cachedb [--db PATH] [--precompile] [--save]
-[--list-dir]`` with ``TORCHINDUCTOR_CACHE_DIR`` set by the caller. The workloads: an MLP, then
+[--list-dir] [--python-version V]`` with ``TORCHINDUCTOR_CACHE_DIR`` set by the caller. The workloads: an MLP, then
 a function called with 7, 33 and 1,024 rows (static at first: a recompile makes it dynamic,
 unless a PGO profile says so already). ``cachedb``: ``cachedb.install(db, precompile=True)``
 (with ``--precompile``) first; ``--save``: ``torch.compiler.save_cache_artifacts()`` at the end
 (how torch alone writes precompiled Dynamo packages); ``--list-dir``: the files under the cache
-directory after the workloads (relative paths).
+directory after the workloads (relative paths); ``--python-version``: the process reports
+``V`` as its Python version in ``SystemInfo.current()`` (torch/_dynamo/package.py), for torch
+recording it in the packages it builds and checking it in those it loads, as another machine of
+a mixed fleet would.
 """
 
 from __future__ import annotations
@@ -30,10 +33,20 @@ def main() -> None:
     parser.add_argument("--precompile", action="store_true")
     parser.add_argument("--save", action="store_true")
     parser.add_argument("--list-dir", action="store_true")
+    parser.add_argument("--python-version")
     args = parser.parse_args()
 
     import torch
     from torch._dynamo.utils import counters
+
+    if args.python_version:
+        import dataclasses
+
+        from torch._dynamo import package
+
+        current = package.SystemInfo.current
+        package.SystemInfo.current = classmethod(  # type: ignore[method-assign]
+            lambda cls: dataclasses.replace(current(), python_version=args.python_version))
 
     if args.mode == "cachedb":
         import cachedb

@@ -395,6 +395,31 @@ def precompile_runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
 
 @pytest.mark.slow
+def test_a_mixed_fleet_keeps_a_package_per_system_and_hits_on_every_machine(tmp_path: Path) -> None:
+    """Two machines of different systems share one database: A (this Python) and B, which
+    reports Python 3.99.0 in torch's ``SystemInfo.current()`` (the field torch checks first
+    when it loads a package). B's cold start does not take A's packages (torch would refuse
+    them), stores its own beside them, and each machine's warm start then hits every function."""
+    pytest.importorskip("torch")
+    db = str(tmp_path / "fleet.db")
+    b = ("--python-version", "3.99.0")
+    runs = {
+        "a cold": _child("cachedb", tmp_path / "a1", "--db", db, "--precompile"),
+        "b cold": _child("cachedb", tmp_path / "b1", "--db", db, "--precompile", *b),
+        "a warm": _child("cachedb", tmp_path / "a2", "--db", db, "--precompile"),
+        "b warm": _child("cachedb", tmp_path / "b2", "--db", db, "--precompile", *b),
+    }
+    cache = {case: out["dynamo_cache"] for case, (out, _) in runs.items()}
+    assert cache["a cold"] == cache["b cold"] == {"dynamo_cache_miss": 2}, cache
+    assert cache["a warm"] == cache["b warm"] == {"dynamo_cache_hit": 2}, cache
+    assert all(out["ok"] for out, _ in runs.values())
+    with CacheDB(db) as database, database.read() as repos:
+        keys = repos.dynamo("precompile").keys()
+    assert len(keys) == 4 and len({k.split(".")[0] for k in keys}) == 2 and len({k.split(".")[1] for k in keys}) == 2
+    assert all(_cachedb_lines(stderr) == [] for _, stderr in runs.values())
+
+
+@pytest.mark.slow
 def test_precompiled_packages_from_the_db_hit_for_every_function_warm_local_files_hit(
         precompile_runs: dict) -> None:
     runs = precompile_runs["runs"]

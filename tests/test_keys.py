@@ -1174,3 +1174,25 @@ def test_backend_hash_matches_torch(tm: SimpleNamespace) -> None:
 
     backend = torch_triton.triton_backend()
     assert keys.backend_hash(triton_key(), backend.hash()) == torch_triton.triton_hash_with_backend()
+
+
+@given(
+    source_id=st.text(alphabet="0123456789abcdef", min_size=64, max_size=64),
+    python=st.sampled_from(["3.10.14", "3.11.7", "3.12.3", "3.13.0"]),
+    other=st.sampled_from(["3.10.14", "3.11.7", "3.12.3", "3.13.0"]),
+    gpu=st.one_of(st.none(), st.sampled_from(["NVIDIA H100 80GB HBM3", "NVIDIA H200"])),
+)
+def test_package_keys_name_the_function_and_tell_systems_apart(
+    source_id: str, python: str, other: str, gpu: str | None
+) -> None:
+    """A precompiled package's key holds torch's source id (the file ``dynamo/<source
+    id>/entry``) and a tag of ``SystemInfo``: two systems torch would refuse to share a package
+    between get two keys, one system always the same."""
+    info = {"python_version": python, "torch_version": "2.13.0+cpu", "toolkit_version": None,
+            "triton_version": (3, 7), "gpu_name": gpu}
+    key = keys.package_key(source_id, info)
+    assert keys.package_source_id(key) == source_id
+    assert keys.package_source_id(source_id) == source_id  # stored without a system
+    assert key == keys.package_key(source_id, dict(reversed(list(info.items()))))
+    assert (key == keys.package_key(source_id, {**info, "python_version": other})) == (python == other)
+    assert re.fullmatch(r"[0-9a-f]{64}\.[0-9a-f]{16}", key)

@@ -22,6 +22,8 @@ One module per torch module mirrored; this package re-exports every public name,
 - :mod:`.cutlass`: torch/_inductor/codegen/cutlass/cache.py (CUTLASS op lists);
 - :mod:`.caching_context`: torch/_inductor/runtime/caching/context.py (isolation key);
 - :mod:`.cutedsl`: torch/_inductor/codegen/cutedsl/cutedsl_scheduling.py (kernel names);
+- :mod:`.dynamo_package`: torch/_dynamo/package.py (precompiled packages: source id and
+  the system they were built for);
 - :mod:`._common`: torch/_inductor/cache_key.py (the hashing primitives);
 - :mod:`._versions`: which torch release's formula applies.
 
@@ -73,6 +75,7 @@ from .codecache import (
     system_info,
 )
 from .cutedsl import cutedsl_kernel_name
+from .dynamo_package import package_key, package_source_id, package_system_tag
 from .cutlass import (
     CUTLASS_CONFIG_PREFIX,
     cutlass_config_filename,
@@ -114,6 +117,9 @@ __all__ = [
     "get_path",
     "isolation_key",
     "isolation_torch_version_hash",
+    "package_key",
+    "package_source_id",
+    "package_system_tag",
     "persistent_cache_inputs_key",
     "sha256_digest_name",
     "sha256_hash",

@@ -32,7 +32,7 @@ from ..formats.triton_layout import EXPORT_DIR, GROUP_PREFIX, relocate_group
 from ..db import CacheDB
 from ..repositories.dynamo import KINDS as DYNAMO_KINDS
 from ..repositories.dynamo import LABELS as _DYNAMO_LABELS
-from ..repositories.dynamo import file_of
+from ..repositories.dynamo import file_of, newest_per_file
 
 
 @dataclass
@@ -128,7 +128,7 @@ def _export(db: CacheDB, target: str | os.PathLike[str], *, prefer_host: str | N
 
         for kind in DYNAMO_KINDS:
             label = _DYNAMO_LABELS[kind]
-            for key, data, _ in repos.dynamo(kind).iter_all():
+            for key, data, _ in newest_per_file(kind, repos.dynamo(kind).iter_all()):
                 put(label, file_of(kind, key), data)
 
         triton_dir = resolved_root / EXPORT_DIR

@@ -50,7 +50,8 @@ from .._errors import input_error_reason, BadInputError, CacheDBError, TorchUnav
 from ..db import CacheDB, Repos
 from ..fingerprint import Fingerprint
 from ..repositories.dynamo import KINDS as DYNAMO_KINDS
-from ..repositories.dynamo import pgo_key
+from ..keys.dynamo_package import package_source_id
+from ..repositories.dynamo import newest_per_file, pgo_key
 from .importer import Problem
 
 __all__ = [
@@ -154,8 +155,8 @@ def build_artifacts(db: CacheDB) -> ArtifactExport:
                 continue
             chunks["autotune"].append(create("autotune", key, content.encode("utf-8")))
         for kind in DYNAMO_KINDS:  # Dynamo's caches, keyed as their files are named
-            for key, content, _ in repos.dynamo(kind).iter_all():
-                chunks[kind].append(create(kind, key, content))
+            for key, content, _ in newest_per_file(kind, repos.dynamo(kind).iter_all()):
+                chunks[kind].append(create(kind, key if kind == "pgo" else package_source_id(key), content))
     items = [(t, arts) for t, arts in chunks.items() if arts]
     serializer = abs_mod.AppendingByteSerializer(serialize_fn=cache_mod._serialize_single_cache)
     serializer.extend(items)

@@ -26,6 +26,13 @@ exits (``cachedb.live``'s exit hook) and at ``uninstall``, so turning precompile
 - ``_write_to_local_cache(pickle, key)``: every write (``save_to_dynamo_cache`` and a Mega-Cache
   ``precompile`` artifact's ``populate_cache``) goes to the database.
 
+Packages are stored per function **and system** (:func:`cachedb.keys.package_key`: the source
+id and a tag of torch's ``SystemInfo.current()``, what torch checks when it loads a package),
+so machines of a mixed fleet (another Python, torch, CUDA, Triton or GPU) sharing one database
+each keep and hit their own. A lookup tries this system's key, then the source id alone (a
+package imported from torch's files or a Mega-Cache blob, whose system cachedb does not read:
+torch's own check refuses it on another system).
+
 torch marks the feature experimental (torch/_dynamo/config.py: "Experimental feature for running
 automatic caching precompile"), and with it on Dynamo drops the ``ID_MATCH``, ``CLOSURE_MATCH``,
 ``WEAKREF_ALIVE`` and ``DICT_VERSION`` guards (torch/_dynamo/guards.py, "guard on %s is dropped
@@ -40,6 +47,7 @@ import pickle
 from collections.abc import Callable
 from typing import Any
 
+from ..keys import package_key
 from ._store import LiveStore
 
 log = logging.getLogger("cachedb.live")
@@ -48,7 +56,8 @@ log = logging.getLogger("cachedb.live")
 MODULE = "torch._dynamo.package"
 
 #: What :func:`patches` needs of ``DiskDynamoCache`` (torch 2.10 to 2.15; 2.9 has no
-#: ``_write_to_local_cache``, and cachedb leaves its packages to files).
+#: ``_write_to_local_cache``, and cachedb leaves its packages to files), beside
+#: ``CompilePackage`` and ``SystemInfo``.
 REQUIRED = ("load", "read", "_write_to_local_cache", "load_cache_entry")
 
 
@@ -58,12 +67,28 @@ def _key_of(path: str) -> str | None:
     return path if path and os.sep not in path and "/" not in path and path not in (".", "..") else None
 
 
+def _system_key(package: Any, source_id: str) -> str:
+    """The database key of ``source_id``'s package on this system
+    (:func:`cachedb.keys.package_key` of ``SystemInfo.current()``, computed once per process)."""
+    global _SYSTEM_INFO
+    if _SYSTEM_INFO is None:
+        import dataclasses
+
+        _SYSTEM_INFO = dataclasses.asdict(package.SystemInfo.current())
+    return package_key(source_id, _SYSTEM_INFO)
+
+
+#: This process's ``dataclasses.asdict(SystemInfo.current())`` (torch/_dynamo/package.py).
+_SYSTEM_INFO: dict[str, Any] | None = None
+
+
 def patches(store: LiveStore, package: Any) -> list[tuple[Any, str, Callable[..., Any]]]:
     """``(owner, attribute, replacement)`` of each seam of ``package`` (the imported
     ``torch._dynamo.package``); none where this torch lacks one of :data:`REQUIRED` (its
     packages stay files)."""
     cls = getattr(package, "DiskDynamoCache", None)
-    if cls is None or not all(hasattr(cls, name) for name in REQUIRED) or not hasattr(package, "CompilePackage"):
+    if (cls is None or not all(hasattr(cls, name) for name in REQUIRED) or not hasattr(package, "CompilePackage")
+            or not hasattr(package, "SystemInfo")):
         log.debug("cachedb: %s has no DiskDynamoCache seam: precompiled packages stay files", MODULE)
         return []
     original_read = cls.read
@@ -72,12 +97,17 @@ def patches(store: LiveStore, package: Any) -> list[tuple[Any, str, Callable[...
     def counters() -> Any:
         return package.counters["dynamo_cache"]
 
+    def stored(source_id: str) -> bytes | None:
+        """This system's package of ``source_id``, else one stored without a system."""
+        content = store.dynamo_get("precompile", _system_key(package, source_id))
+        return content if content is not None else store.dynamo_get("precompile", source_id)
+
     def read(self: Any, path: str) -> Any:
         """``DiskDynamoStore.read`` (torch/_dynamo/package.py) from the database."""
         key = _key_of(path)
         if key is None:
             return original_read(self, path)
-        content = store.dynamo_get("precompile", key)
+        content = stored(key)
         if content is None:
             raise RuntimeError(f"Failed to load package from path {key}: not in cachedb")
         try:
@@ -89,7 +119,7 @@ def patches(store: LiveStore, package: Any) -> list[tuple[Any, str, Callable[...
         """``DiskDynamoCache.load`` (torch/_dynamo/package.py) from the database: a package
         stored under ``fn``'s source id is a hit, its backends recorded as torch records them."""
         key = package.CompilePackage.source_id_from_fn(fn)
-        content = store.dynamo_get("precompile", key)
+        content = stored(key)
         if content is None:
             package.logger.info("No package found for %s", key)
             counters()["dynamo_cache_miss"] += 1
@@ -115,7 +145,7 @@ def patches(store: LiveStore, package: Any) -> list[tuple[Any, str, Callable[...
         if key is None:
             original_write(self, pickled_content, path)
             return
-        store.dynamo_put("precompile", key, bytes(pickled_content))
+        store.dynamo_put("precompile", _system_key(package, key), bytes(pickled_content))
 
     return [(cls, "load", load), (cls, "read", read), (cls, "_write_to_local_cache", write_to_local_cache)]
 

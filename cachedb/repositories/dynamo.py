@@ -5,7 +5,14 @@ kind             table                   torch's file under ``cache_dir()``     
 ===============  ======================  ==============================================  ==========
 ``pgo``          ``pgo_profiles``        ``dynamo/code_state_<key>.pkl``                 file name
 ``precompile``   ``dynamo_packages``     ``dynamo/<source id>/entry``                    source id
+                                                                                         and system
 ===============  ======================  ==============================================  ==========
+
+A package written live is keyed ``<source id>.<system tag>`` (:func:`cachedb.keys.package_key`:
+torch checks the system a package was built for when it loads it), one imported from torch's
+files or a Mega-Cache blob by its source id alone; both name the file ``dynamo/<source
+id>/entry``, so an export writes, of a function's packages, the newest
+(:func:`newest_per_file`).
 
 The kinds are named after their Mega-Cache artifact types (torch/compiler/_cache.py). A row's
 ``payload`` is the pickle torch wrote, stored as any payload (:mod:`cachedb.store.payload`:
@@ -35,6 +42,7 @@ from ..store.bulk import utc as _utc
 from ..store.payload import Packed, pack, unpack
 from ..store.signing import Signer
 from ..store.tables import DYNAMO_TABLES, utcnow
+from ..keys.dynamo_package import package_source_id
 
 if TYPE_CHECKING:
     from sqlalchemy import Connection
@@ -83,12 +91,27 @@ def check_key(kind: str, key: str) -> None:
         raise BadInputError(key, "not a package key: one directory name (a source id)")
 
 
+def newest_per_file(kind: str, rows: Iterator[tuple[str, bytes, dt.datetime]]) -> Iterator[tuple[str, bytes, dt.datetime]]:
+    """Of ``rows`` (``(key, pickle, updated_at)``, as :meth:`DynamoRepository.iter_all` gives
+    them), the newest of those that :func:`file_of` puts in one file (a function's packages of
+    several systems), in key order; every row of a kind whose keys each name their own file."""
+    if kind != "precompile":
+        yield from rows
+        return
+    newest: dict[str, tuple[str, bytes, dt.datetime]] = {}
+    for row in rows:
+        path = file_of(kind, row[0])
+        if path not in newest or row[2] > newest[path][2]:
+            newest[path] = row
+    yield from sorted(newest.values())
+
+
 def file_of(kind: str, key: str) -> str:
     """The path, relative to ``cache_dir()``, of the file torch keeps the entry ``key`` in."""
     if kind == "pgo":
         return f"dynamo/code_state_{key}.pkl"
-    if kind == "precompile":
-        return f"dynamo/{key}/entry"
+    if kind == "precompile":  # one file per function: the system tag is not in torch's name
+        return f"dynamo/{package_source_id(key)}/entry"
     raise ValueError(f"unknown Dynamo cache kind {kind!r}")
 
 
