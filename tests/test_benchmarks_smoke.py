@@ -89,3 +89,26 @@ def test_interleaved_runs_each_block_of_an_op_inside_its_scope() -> None:
     assert entered[0] == 1 + 3  # the warm-up, then one scope per block
     order = [name for name, i, _ in calls if i < 6]
     assert order == ["files"] * 2 + ["live"] * 4 + ["files"] * 4 + ["live"] * 2
+
+
+def test_quick_herd_serves_every_process_from_the_remote(tmp_path: Path) -> None:
+    """``--quick --only herd``: 24 processes (3 machines of 8) on the local PostgreSQL, through a
+    PgBouncer it starts, and on torch's Redis remote cache: every lookup served, one remote query
+    per entry per machine, one write per machine, no process falling back to its local cache."""
+    out = tmp_path / "results"
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--quick", "--only", "herd", "--out", str(out),
+         "--scratch", str(tmp_path), "--quiet"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=600, check=False,
+    )
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-5000:]}"
+    section = json.loads((out / "cpu-herd-quick.json").read_text())["sections"]["herd"]
+    assert section["error"] is None and not [n for n in section["notes"] if "skipped" in n], section["notes"]
+    herds = section["extra"]["herds"]
+    assert sorted(herds) == ["direct", "pgbouncer", "redis"]
+    for mode, herd in herds.items():
+        assert herd["served"] == herd["lookups"] == 24 * 2, (mode, herd)
+        assert herd["fell_back"] == 0, (mode, herd)
+        if mode != "redis":
+            assert max(herd["pulls_per_entry_machine"]) == 1 and max(herd["pushes_per_machine"]) == 1, (mode, herd)
+    assert herds["pgbouncer"]["peak_connections"] <= 10
