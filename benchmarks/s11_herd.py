@@ -18,6 +18,9 @@ Three herds over the same entries, in the same run:
   ``redis.Redis(host, port)`` and one ``GET`` per lookup, what
   ``RedisRemoteCacheBackend._get`` (torch/_inductor/remote_cache.py) does.
 
+Before the herds, the cost the idle timeout saves: a remote lookup on a connection opened for
+it against one on a connection kept open (one process, its engine initialized, interleaved).
+
 Reported per herd: the share of lookups served from the remote, the clients that fell back to
 their local cache (a remote failure: ``RemoteTier.counts["failures"]``), p50 and p99 lookup
 latency (from the barrier: each lookup's own time, the connect of a first lookup included),
@@ -215,6 +218,28 @@ def _herd(ctx: Context, mode: str, url: str, database: str, keys: list[str], n: 
     return result
 
 
+def _connect_cost(ctx: Context, url: str, n: int) -> tuple[list[float], list[float]]:
+    """Seconds of ``n`` remote lookups (a best config the remote lacks: one query each, nothing
+    written locally) on a connection opened for each (``idle_s=0``) and on one kept open,
+    interleaved, after one lookup that initialized each tier's engine."""
+    from cachedb.live._remote import RemoteTier
+    from cachedb.live._store import LiveStore
+
+    fresh = LiveStore(str(ctx.tmpdir("herdconn") / "a.db"), remote=RemoteTier(url, idle_s=0.0), write_behind=False)
+    kept = LiveStore(str(ctx.tmpdir("herdconn") / "b.db"), remote=RemoteTier(url, idle_s=60.0), write_behind=False)
+    out: dict[str, list[float]] = {"fresh": [], "kept": []}
+    for i in range(n + 1):
+        for name, store in (("fresh", fresh), ("kept", kept)):
+            t0 = time.perf_counter()
+            store.best_config_get(f"zz/miss{i}-{uuid.uuid4().hex}.best_config")
+            if i:  # the first initialized the engine (dialect, compiled statements)
+                out[name].append(time.perf_counter() - t0)
+    assert fresh.remote is not None and fresh.remote.counts["connections"] >= n + 1  # one per lookup
+    fresh.close()
+    kept.close()
+    return out["fresh"], out["kept"]
+
+
 def _p99(xs: list[float]) -> float:
     s = sorted(xs)
     return s[min(len(s) - 1, int(round(0.99 * (len(s) - 1))))]
@@ -236,6 +261,7 @@ def run(ctx: Context) -> SectionResult:
     keys = list(entries)
     database = f"cachedb_herd_{uuid.uuid4().hex[:10]}"
     herds: dict[str, dict[str, Any]] = {}
+    connect_costs: dict[str, tuple[list[float], list[float]]] = {}
     bouncer = None
     with admin.connect() as conn:
         conn.execute(text(f'CREATE DATABASE "{database}"'))
@@ -252,11 +278,13 @@ def run(ctx: Context) -> SectionResult:
         writer.close()
         ctx.log(f"herd: {len(entries)} FX graph entries in {database}; server max_connections {max_connections}")
 
+        connect_costs["direct"] = _connect_cost(ctx, url, 10 if ctx.quick else 50)
         herds["direct"] = _herd(ctx, "direct", url, database, keys, n)
         try:
             from ._pgbouncer import PgBouncer
 
             bouncer = PgBouncer(pool_size=10)
+            connect_costs["pgbouncer"] = _connect_cost(ctx, bouncer.url(database), 10 if ctx.quick else 50)
             herds["pgbouncer"] = _herd(ctx, "pgbouncer", bouncer.url(database), database, keys, n)
         except RuntimeError as exc:
             res.notes.append(f"PgBouncer rows skipped: {exc}")
@@ -278,6 +306,12 @@ def run(ctx: Context) -> SectionResult:
             conn.execute(text(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)'))
         admin.dispose()
 
+    for mode, label in (("direct", "PostgreSQL direct"), ("pgbouncer", "through PgBouncer")):
+        if mode in connect_costs:
+            fresh, kept = connect_costs[mode]
+            res.rows.append(Row(f"{label}: remote lookup on a new connection vs on an open one (the idle timeout's "
+                                "saving)", summarize(fresh, "ms", scale=1e3), summarize(kept, "ms", scale=1e3),
+                                "open connection"))
     machines = max(1, n // PER_MACHINE)
     for mode, label, peak_target in (("direct", "PostgreSQL direct", 50), ("pgbouncer", "through PgBouncer", 10)):
         h = herds.get(mode)

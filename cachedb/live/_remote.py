@@ -110,7 +110,8 @@ class RemoteTier:
     (lookups another process sharing the local file answered), ``push`` (entries sent),
     ``pushed_rows``, ``push_coalesced`` (entries another process had sent as they are here),
     ``lookup_statements`` (statements the lookups ran on the remote: its round trips),
-    ``retries`` (transient refusals waited out), ``coalesce_timeouts`` (lookups that waited
+    ``connections`` (opened to the remote), ``retries`` (transient refusals waited out),
+    ``coalesce_timeouts`` (lookups that waited
     for another process's ask until the timeout), ``dropped`` (queue full), ``failures``.
     """
 
@@ -204,6 +205,8 @@ class RemoteTier:
             db.close()
             raise
         event.listen(db.engine, "before_cursor_execute", self._count_statement)
+        event.listen(db.engine, "connect", self._count_connection)
+        self.counts["connections"] += 1  # the one opening it made
         self._closer = closer
         return db
 
@@ -266,6 +269,9 @@ class RemoteTier:
                     raise
                 self.counts["retries"] += 1
                 time.sleep(delay)
+
+    def _count_connection(self, *args: Any) -> None:
+        self.counts["connections"] += 1
 
     def _count_statement(self, *args: Any) -> None:
         if getattr(self._tls, "lookup", False):
