@@ -81,7 +81,7 @@ class Slot:
     """The record of one entry in the sidecar, read while its lock is held."""
 
     coalescer: Coalescer
-    fd: int
+    fd: int  #: the descriptor holding the slot's lock (-1: no lock could be taken)
     index: int
     key: bytes
     asked_at: float
@@ -157,6 +157,8 @@ class Coalescer:
             return (fd if state["ok"] else None), True
 
     def _write(self, slot: Slot) -> None:
+        if slot.fd < 0:  # not locked: nothing recorded
+            return
         os.pwrite(slot.fd, _LAYOUT.pack(slot.key, slot.asked_at, slot.found, slot.sent), slot.index * SLOT_BYTES)
 
     @contextmanager
@@ -166,7 +168,12 @@ class Coalescer:
         seconds)."""
         key = digest((*self._identity, *parts))
         index = int.from_bytes(key[:4], "little") & (SLOTS - 1)
-        fd, waited = self._acquire(index, deadline)
+        try:
+            fd, waited = self._acquire(index, deadline)
+        except OSError as exc:  # a file system without these locks (ENOLCK, EINVAL): ask alone
+            log.debug("cachedb: no remote coalescing through %s: %s", self.path, exc)
+            yield Slot(self, -1, index, key, 0.0, False, b"", False)
+            return
         if fd is None:
             yield None
             return

@@ -111,8 +111,8 @@ class RemoteTier:
     ``pushed_rows``, ``push_coalesced`` (entries another process had sent as they are here),
     ``lookup_statements`` (statements the lookups ran on the remote: its round trips),
     ``connections`` (opened to the remote), ``retries`` (transient refusals waited out),
-    ``coalesce_timeouts`` (lookups that waited
-    for another process's ask until the timeout), ``dropped`` (queue full), ``failures``.
+    ``coalesce_timeouts`` (lookups that waited for another process's ask until the timeout),
+    ``dropped`` (queue full), ``failures``.
     """
 
     def __init__(
@@ -140,7 +140,7 @@ class RemoteTier:
         self._write_down_until = 0.0
         self._warned: set[str] = set()
         self._asked: set[sync.Entry] = set()
-        self._coalescers: dict[int, _coalesce.Coalescer | None] = {}
+        self._coalescers: dict[str, _coalesce.Coalescer | None] = {}  # by local database
         self._pid = os.getpid()
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=max_pending)
         self._thread: threading.Thread | None = None
@@ -182,7 +182,7 @@ class RemoteTier:
 
     def _coalescer(self, local: CacheDB) -> _coalesce.Coalescer | None:
         """The sidecar shared with the other processes of ``local``'s file (None: none)."""
-        key = id(local)
+        key = local.where
         if key not in self._coalescers:
             self._coalescers[key] = _coalesce.for_database(local.path)
         return self._coalescers[key]
