@@ -121,9 +121,12 @@ def install(
     ``remote`` (default ``$CACHEDB_REMOTE_URL``): a shared database, e.g.
     ``postgresql+psycopg://cache-host/inductor``, behind ``path`` (:mod:`cachedb.live._remote`):
     a local miss is looked up there (one query) and copied into ``path``; what is written to
-    ``path`` is copied there by a background thread (flushed at exit). ``remote_timeout_s``
-    (seconds, default ``$CACHEDB_REMOTE_TIMEOUT`` or 2) bounds connecting and each statement;
-    a remote that is down, slow or refuses writes costs one warning, then ``path`` alone serves.
+    ``path`` is copied there by a background thread (flushed at exit). Processes sharing
+    ``path`` (the ranks of a machine) ask the remote once per entry between them; a remote
+    connection is held per burst and closed ``$CACHEDB_REMOTE_IDLE`` seconds (1) after it.
+    ``remote_timeout_s`` (seconds, default ``$CACHEDB_REMOTE_TIMEOUT`` or 2) bounds each lookup,
+    waits for a full or restarting server included, each connect and each statement; a remote
+    that is down past it, slow or refuses writes costs one warning, then ``path`` alone serves.
 
     ``write_behind`` (default ``$CACHEDB_WRITE_BEHIND``, on unless ``0``): FX graph and
     AOTAutograd entries are written by a background thread after torch's put returns
