@@ -2,15 +2,22 @@
 print one JSON line of what Dynamo did.
 
 ``python tests/_dynamo_child.py files|cachedb [--db PATH] [--precompile] [--save]
-[--list-dir] [--python-version V]`` with ``TORCHINDUCTOR_CACHE_DIR`` set by the caller. The workloads: an MLP, then
-a function called with 7, 33 and 1,024 rows (static at first: a recompile makes it dynamic,
-unless a PGO profile says so already). ``cachedb``: ``cachedb.install(db, precompile=True)``
-(with ``--precompile``) first; ``--save``: ``torch.compiler.save_cache_artifacts()`` at the end
-(how torch alone writes precompiled Dynamo packages); ``--list-dir``: the files under the cache
+[--list-dir] [--python-version V] [--unpackageable] [--late-class]`` with
+``TORCHINDUCTOR_CACHE_DIR`` set by the caller. The workloads: an MLP, then a function called
+with 7, 33 and 1,024 rows (static at first: a recompile makes it dynamic, unless a PGO profile
+says so already). ``cachedb``: ``cachedb.install(db, precompile=True)`` (with
+``--precompile``) first; ``--save``: ``torch.compiler.save_cache_artifacts()`` at the end (how
+torch alone writes precompiled Dynamo packages); ``--list-dir``: the files under the cache
 directory after the workloads (relative paths); ``--python-version``: the process reports
 ``V`` as its Python version in ``SystemInfo.current()`` (torch/_dynamo/package.py), for torch
 recording it in the packages it builds and checking it in those it loads, as another machine of
 a mixed fleet would.
+
+``--unpackageable``: then a model torch cannot package for precompile (:class:`_Model`, whose
+``forward`` calls a property with a graph break inside, as transformers' models call
+``self.loss_function``); ``--late-class``: then a function called with an instance of a class
+defined only after ``torch.compile`` wrapped the function (:func:`_scaled`: torch loads the
+function's package when it wraps it, and unpickling the package's guards needs the class).
 """
 
 from __future__ import annotations
@@ -21,9 +28,33 @@ import os
 import time
 from pathlib import Path
 
+import torch
+
 
 def _rows(x):  # noqa: ANN001, ANN202 - compiled by Dynamo
     return (x.sin() * 2).sum(0)
+
+
+class _Model(torch.nn.Module):
+    """As transformers' models: ``forward`` calls ``self.loss_function``, a property that logs
+    once (``logger.warning_once``: a graph break). Dynamo compiles the property's frame apart,
+    and torch cannot name its code from the module (``_get_code_source``, torch/_dynamo/package.py)."""
+
+    @property
+    def loss_function(self):  # noqa: ANN201 - PreTrainedModel.loss_function
+        torch._dynamo.graph_break()
+        return torch.nn.functional.mse_loss
+
+    def forward(self, x, y):  # noqa: ANN001, ANN201 - compiled by Dynamo
+        return self.loss_function(x.sin(), y) * 2
+
+
+class _Scale:
+    factor = 2.0
+
+
+def _scaled(x, scale):  # noqa: ANN001, ANN202 - compiled by Dynamo: its guards name _Scale
+    return x.cos() * scale.factor
 
 
 def main() -> None:
@@ -34,19 +65,21 @@ def main() -> None:
     parser.add_argument("--save", action="store_true")
     parser.add_argument("--list-dir", action="store_true")
     parser.add_argument("--python-version")
+    parser.add_argument("--unpackageable", action="store_true")
+    parser.add_argument("--late-class", action="store_true")
     args = parser.parse_args()
 
-    import torch
     from torch._dynamo.utils import counters
 
     if args.python_version:
-        import dataclasses
+        import types
 
         from torch._dynamo import package
 
-        current = package.SystemInfo.current
-        package.SystemInfo.current = classmethod(  # type: ignore[method-assign]
-            lambda cls: dataclasses.replace(current(), python_version=args.python_version))
+        # SystemInfo.current() reads platform.python_version(), both where torch checks a
+        # package it loads and where a package records its system (_DynamoCacheEntry's
+        # default_factory, bound when torch imported the module)
+        package.platform = types.SimpleNamespace(python_version=lambda: args.python_version)
 
     if args.mode == "cachedb":
         import cachedb
@@ -67,6 +100,17 @@ def main() -> None:
         x = torch.randn(n, 8)
         ok &= bool(torch.allclose(rows(x), _rows(x), atol=1e-4, rtol=1e-4))
     seconds["dynamic"] = time.perf_counter() - t
+    if args.unpackageable:
+        loss_model = _Model()
+        loss = torch.compile(loss_model)
+        x, y = torch.randn(4, 8), torch.randn(4, 8)
+        ok &= bool(torch.allclose(loss(x, y), loss_model(x, y), atol=1e-5, rtol=1e-4))
+    if args.late_class:
+        scale_class = globals().pop("_Scale")  # not defined yet when torch.compile wraps _scaled
+        scaled = torch.compile(_scaled)
+        globals()["_Scale"] = scale_class
+        x = torch.randn(4, 8)
+        ok &= bool(torch.allclose(scaled(x, _Scale()), _scaled(x, _Scale()), atol=1e-5, rtol=1e-4))
     if args.save:
         torch.compiler.save_cache_artifacts()
     out = {

@@ -305,12 +305,16 @@ def test_live_store_pushes_to_and_pulls_from_the_remote_tier(tmp_path: Path, pg_
 # -- real torch.compile -----------------------------------------------------------------------------
 
 
-def _child(mode: str, cache_dir: Path, *args: str, **env_extra: str) -> tuple[dict, str]:
+def _run_child(mode: str, cache_dir: Path, *args: str, **env_extra: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CACHEDB_", "TORCH_"))}
     env.update(TORCHINDUCTOR_CACHE_DIR=str(cache_dir), TORCHINDUCTOR_COMPILE_THREADS="1",
                TORCH_COMPILE_JOB_ID="job1", PYTHONPATH=str(ROOT), **env_extra)
-    proc = subprocess.run([sys.executable, str(CHILD), mode, *args], capture_output=True, text=True, env=env,
+    return subprocess.run([sys.executable, str(CHILD), mode, *args], capture_output=True, text=True, env=env,
                           timeout=900, cwd=ROOT)
+
+
+def _child(mode: str, cache_dir: Path, *args: str, **env_extra: str) -> tuple[dict, str]:
+    proc = _run_child(mode, cache_dir, *args, **env_extra)
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["ok"], out
@@ -412,6 +416,7 @@ def test_a_mixed_fleet_keeps_a_package_per_system_and_hits_on_every_machine(tmp_
     cache = {case: out["dynamo_cache"] for case, (out, _) in runs.items()}
     assert cache["a cold"] == cache["b cold"] == {"dynamo_cache_miss": 2}, cache
     assert cache["a warm"] == cache["b warm"] == {"dynamo_cache_hit": 2}, cache
+    assert runs["a warm"][0]["frames"] == runs["b warm"][0]["frames"] == {}  # installed: no frame traced
     assert all(out["ok"] for out, _ in runs.values())
     with CacheDB(db) as database, database.read() as repos:
         keys = repos.dynamo("precompile").keys()
@@ -505,3 +510,126 @@ def test_cachedb_run_serves_both_with_torch_s_own_switches(tmp_path: Path) -> No
     assert not [f for out in (cold, warm) for f in out["files"] if f.startswith("dynamo/")]
     with CacheDB(db) as c, c.read() as repos:
         assert repos.pgo.keys() == ["job1_None_"] and repos.dynamo("precompile").count() == 2
+
+
+# -- functions torch cannot package, packages torch cannot load --------------------------------------
+
+#: What the warnings name: the model torch cannot package (its ``forward``), the function whose
+#: package cannot be loaded where it is wrapped (tests/_dynamo_child.py).
+UNPACKAGEABLE, LATE_CLASS = "__main__._Model.forward", "__main__._scaled"
+
+
+@pytest.fixture(scope="module")
+def fallback_runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The workloads plus ``--unpackageable`` and ``--late-class``: with cachedb, precompile off
+    (the frames to match) and on (cold, then warm from the same database)."""
+    pytest.importorskip("torch")
+    root = tmp_path_factory.mktemp("fallback")
+    db = root / "cache.db"
+    both = ("--unpackageable", "--late-class")
+    runs = {
+        "off": _child("cachedb", root / "off", "--db", str(root / "off.db"), *both),
+        "cold": _child("cachedb", root / "cold", "--db", str(db), "--precompile", *both),
+        "warm": _child("cachedb", root / "warm", "--db", str(db), "--precompile", *both),
+    }
+    return {"root": root, "db": db, "runs": runs}
+
+
+def _naming(stderr: str, name: str) -> list[str]:
+    return [line for line in _cachedb_lines(stderr) if name in line]
+
+
+@pytest.mark.slow
+def test_torch_alone_fails_the_compile_of_a_function_it_cannot_package(tmp_path: Path) -> None:
+    """torch 2.13 alone, ``TORCH_CACHING_PRECOMPILE=1``: ``CompilePackage.code_context`` ->
+    ``_get_code_source`` (torch/_dynamo/package.py) raises ``PackageError`` for the property's
+    frame and the user's call fails; what the fallback below exists for."""
+    pytest.importorskip("torch")
+    proc = _run_child("files", tmp_path / "dir", "--unpackageable", TORCH_CACHING_PRECOMPILE="1")
+    assert proc.returncode != 0
+    assert "PackageError: Cannot resolve a fully qualified name for <code object loss_function" in proc.stderr
+
+
+@pytest.mark.slow
+def test_a_function_torch_cannot_package_compiles_without_a_package(fallback_runs: dict) -> None:
+    """With cachedb's precompile on, the model torch cannot package compiles as with precompile
+    off (the same frames), with one warning naming it, in every process; the other functions'
+    packages are saved and hit."""
+    runs = fallback_runs["runs"]
+    (off, _), (cold, cold_err), (warm, warm_err) = runs["off"], runs["cold"], runs["warm"]
+    assert cold["ok"] and warm["ok"]
+    assert cold["frames"] == off["frames"], (cold["frames"], off["frames"])
+    # warm: the MLP's frame and the row function's two are served by their packages
+    assert warm["frames"]["total"] == off["frames"]["total"] - 3, (warm["frames"], off["frames"])
+    assert cold["dynamo_cache"] == {"dynamo_cache_miss": 4}, cold["dynamo_cache"]
+    assert warm["dynamo_cache"]["dynamo_cache_hit"] == 2 and warm["dynamo_cache"]["dynamo_cache_miss"] == 1
+    for stderr in (cold_err, warm_err):
+        warnings = _naming(stderr, UNPACKAGEABLE)
+        assert len(warnings) == 1 and "PackageError" in warnings[0], _cachedb_lines(stderr)
+    assert _cachedb_lines(cold_err) == _naming(cold_err, UNPACKAGEABLE)
+    with CacheDB(fallback_runs["db"]) as db, db.read() as repos:
+        rows = repos.session.execute(text("SELECT key, hit_count FROM dynamo_packages ORDER BY key")).all()
+    # the MLP, the row function and _scaled (read warm, refused, rewritten at exit): not the model
+    assert len(rows) == 3 and all(hits == 1 for _, hits in rows), rows
+
+
+@pytest.mark.slow
+def test_a_package_whose_guards_cannot_be_loaded_compiles_afresh(fallback_runs: dict, tmp_path: Path) -> None:
+    """A package whose guards name a class not yet defined when ``torch.compile`` wraps the
+    function: torch alone fails the warm start (``CompilePackage.install`` ->
+    ``load_guards_state``, an ``AttributeError`` its ``RuntimeError`` fallback lets through);
+    cachedb compiles the function afresh, with one warning naming it."""
+    late = ("--late-class", "--save")
+    _child("files", tmp_path / "files", *late, TORCH_CACHING_PRECOMPILE="1")
+    proc = _run_child("files", tmp_path / "files", *late, TORCH_CACHING_PRECOMPILE="1")
+    assert proc.returncode != 0 and "AttributeError: Can't get attribute '_Scale'" in proc.stderr, proc.stderr[-3000:]
+
+    warm, stderr = fallback_runs["runs"]["warm"]
+    assert warm["ok"] and warm["dynamo_cache"]["dynamo_cache_error"] == 1, warm["dynamo_cache"]
+    warnings = _naming(stderr, LATE_CLASS)
+    assert len(warnings) == 1 and "could not be loaded" in warnings[0], _cachedb_lines(stderr)
+    assert len(_cachedb_lines(stderr)) == 2  # and the unpackageable model's
+
+
+@pytest.mark.slow
+def test_a_package_that_fails_its_system_check_compiles_afresh(fallback_runs: dict, tmp_path: Path) -> None:
+    """Packages stored without a system (as imported from torch's files) loaded on another
+    system (``--python-version``): ``_DynamoCacheEntry.check_versions`` refuses each; every
+    function compiles afresh with one warning naming it, and its package for this system is
+    stored beside the other."""
+    import shutil
+
+    db_path = tmp_path / "imported.db"
+    shutil.copy(fallback_runs["db"], db_path)
+    with CacheDB(db_path) as db, db.engine.begin() as conn:  # keyed by source id alone
+        conn.execute(text("UPDATE dynamo_packages SET key = substr(key, 1, 64)"))
+    out, stderr = _child("cachedb", tmp_path / "dir", "--db", str(db_path), "--precompile",
+                         "--python-version", "3.99.0")
+    assert out["ok"] and out["dynamo_cache"] == {"dynamo_cache_error": 2}, out["dynamo_cache"]
+    assert out["frames"]["total"] == 2  # as a cold start with the stored profile: the rows dynamic at once
+    warnings = _cachedb_lines(stderr)
+    assert len(warnings) == 2 and all("different Python version" in w for w in warnings), warnings
+    assert any("Sequential.forward" in w for w in warnings) and any("_rows" in w for w in warnings)
+    with CacheDB(db_path) as db, db.read() as repos:
+        keys = repos.dynamo("precompile").keys()
+    assert len(keys) == 5 and sum("." in k for k in keys) == 2, keys
+
+
+@pytest.mark.slow
+def test_cachedb_run_with_torch_s_switch_falls_back_too(tmp_path: Path) -> None:
+    """``TORCH_CACHING_PRECOMPILE=1`` under ``cachedb run`` (cachedb's seams active, precompile
+    turned on by the user): the model torch cannot package compiles too."""
+    pytest.importorskip("torch")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CACHEDB_", "TORCH_"))}
+    env.update(TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "dir"), TORCHINDUCTOR_COMPILE_THREADS="1",
+               TORCH_CACHING_PRECOMPILE="1")
+    proc = subprocess.run([sys.executable, "-m", "cachedb", "--db", str(tmp_path / "cache.db"), "run", "--",
+                           sys.executable, str(CHILD), "files", "--unpackageable"], capture_output=True, text=True,
+                          env=env, timeout=900, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["ok"] and out["dynamo_cache"] == {"dynamo_cache_miss": 3}, out
+    warnings = _cachedb_lines(proc.stderr)
+    assert len(warnings) == 1 and UNPACKAGEABLE in warnings[0], proc.stderr[-3000:]
+    with CacheDB(tmp_path / "cache.db") as c, c.read() as repos:
+        assert repos.dynamo("precompile").count() == 2

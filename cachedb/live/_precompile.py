@@ -26,6 +26,11 @@ exits (``cachedb.live``'s exit hook) and at ``uninstall``, so turning precompile
 - ``_write_to_local_cache(pickle, key)``: every write (``save_to_dynamo_cache`` and a Mega-Cache
   ``precompile`` artifact's ``populate_cache``) goes to the database.
 
+It also returns the seams of :mod:`cachedb.live._precompile_fallback` (``convert_frame._compile``,
+``DiskDynamoCache.record_package``, ``CompilePackage.initialize`` and ``install``): a function
+torch cannot package (a ``PackageError`` while Dynamo compiles it) or whose stored package fails
+to load compiles without one, with one warning naming it; precompile never fails a compile.
+
 Packages are stored per function **and system** (:func:`cachedb.keys.package_key`: the source
 id and a tag of torch's ``SystemInfo.current()``, what torch checks when it loads a package),
 so machines of a mixed fleet (another Python, torch, CUDA, Triton or GPU) sharing one database
@@ -48,6 +53,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..keys import package_key
+from . import _precompile_fallback
 from ._store import LiveStore
 
 log = logging.getLogger("cachedb.live")
@@ -84,13 +90,16 @@ _SYSTEM_INFO: dict[str, Any] | None = None
 
 def patches(store: LiveStore, package: Any) -> list[tuple[Any, str, Callable[..., Any]]]:
     """``(owner, attribute, replacement)`` of each seam of ``package`` (the imported
-    ``torch._dynamo.package``); none where this torch lacks one of :data:`REQUIRED` (its
-    packages stay files)."""
+    ``torch._dynamo.package``), and the fallback seams of :mod:`cachedb.live._precompile_fallback`
+    (a function torch cannot package, or whose package fails to load, compiles without one);
+    of the store's seams none where this torch lacks one of :data:`REQUIRED` (its packages stay
+    files)."""
+    fallback = _precompile_fallback.patches(package)
     cls = getattr(package, "DiskDynamoCache", None)
     if (cls is None or not all(hasattr(cls, name) for name in REQUIRED) or not hasattr(package, "CompilePackage")
             or not hasattr(package, "SystemInfo")):
         log.debug("cachedb: %s has no DiskDynamoCache seam: precompiled packages stay files", MODULE)
-        return []
+        return fallback
     original_read = cls.read
     original_write = cls._write_to_local_cache
 
@@ -137,6 +146,7 @@ def patches(store: LiveStore, package: Any) -> list[tuple[Any, str, Callable[...
             package.logger.warning("Failed to load package %s from cachedb", key, exc_info=True)
             return None
         counters()["dynamo_cache_hit"] += 1
+        _precompile_fallback.note_loaded(getattr(entry, "dynamo", None))
         return entry
 
     def write_to_local_cache(self: Any, pickled_content: bytes, path: str) -> None:
@@ -147,7 +157,8 @@ def patches(store: LiveStore, package: Any) -> list[tuple[Any, str, Callable[...
             return
         store.dynamo_put("precompile", _system_key(package, key), bytes(pickled_content))
 
-    return [(cls, "load", load), (cls, "read", read), (cls, "_write_to_local_cache", write_to_local_cache)]
+    return [(cls, "load", load), (cls, "read", read), (cls, "_write_to_local_cache", write_to_local_cache),
+            *fallback]
 
 
 def save_packages() -> None:

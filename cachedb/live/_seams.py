@@ -29,10 +29,15 @@ Triton is installed; not with ``retune=True``)          winners, :mod:`cachedb.l
 ``torch._dynamo.package``: ``DiskDynamoCache.load``,     ``dynamo_packages``
 ``read``, ``_write_to_local_cache`` (torch >= 2.10;      (:mod:`cachedb.live._precompile`)
 files on 2.9)
+``convert_frame._compile``,                            nothing stored: a function torch cannot
+``DiskDynamoCache.record_package``,                    package, or whose package fails to load,
+``CompilePackage.initialize``, ``install``             compiles without one
+(each where torch has it)                              (:mod:`cachedb.live._precompile_fallback`)
 =====================================================  ==========================================
 
 All of them or none: :func:`build` (``cachedb.install``) raises :class:`SeamMissingError`
-before anything is patched when one is missing (another torch version moved it). Under
+before anything is patched when one is missing (another torch version moved it); the
+precompile fallback's seams are each left out where torch lacks it. Under
 ``CACHEDB_ENABLE=1`` each module of :data:`~cachedb.live._autoload.SEAM_MODULES` is patched
 right after torch imports it (:func:`module_patches`, :mod:`cachedb.live._autoload`); a missing
 seam then undoes the patches made so far and leaves cachedb inactive in that process.
