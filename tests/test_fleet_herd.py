@@ -156,7 +156,7 @@ def test_cli_upgrade_through_pgbouncer_creates_the_schema(pgbouncer: Any, databa
 def _lookups_through_a_restart(url: str, local: str, keys: list[str], ready: Any, out: Any) -> None:
     store = LiveStore(local, remote=RemoteTier(url, timeout_s=8.0, idle_s=0.0), write_behind=False)
     served = 0
-    ready.wait()
+    ready.wait(60)
     for key in keys:
         served += _served(store, key) is not None
         time.sleep(0.05)
@@ -172,12 +172,12 @@ def test_a_server_restarted_mid_herd_is_waited_out(tmp_path: Path, pgbouncer: An
     entries = _fill(url, tmp_path, 20)
     keys = [key for key, _ in entries]
     mp = multiprocessing.get_context("fork")
-    ready, out = mp.Event(), mp.Queue()
+    ready, out = mp.Barrier(7), mp.Queue()
     procs = [mp.Process(target=_lookups_through_a_restart, args=(url, str(tmp_path / f"m{i}.db"), keys, ready, out))
              for i in range(6)]
     for p in procs:
         p.start()
-    ready.set()
+    ready.wait(60)  # every machine is looking up (20 lookups, 1 s) when the server stops
     time.sleep(0.3)
     pgbouncer.restart(down_s=0.5)
     results = [out.get(timeout=120) for _ in procs]
@@ -214,8 +214,10 @@ def limited_role(pg_url: str) -> Iterator[tuple[str, str]]:
         admin.dispose()
 
 
-def _lookup_once(url: str, local: str, key: str, out: Any) -> None:
+def _lookup_once(url: str, local: str, key: str, barrier: Any, out: Any) -> None:
     store = LiveStore(local, remote=RemoteTier(url, timeout_s=10.0, idle_s=0.0), write_behind=False)
+    store.db
+    barrier.wait(60)  # every machine asks while the server is still full
     started = time.monotonic()
     content = _served(store, key)
     out.put((content is not None, time.monotonic() - started, dict(store.remote.counts)))  # type: ignore[union-attr]
@@ -223,8 +225,8 @@ def _lookup_once(url: str, local: str, key: str, out: Any) -> None:
 
 
 def test_a_full_server_is_a_wait_not_an_outage(tmp_path: Path, pg_url: str, limited_role: tuple[str, str]) -> None:
-    """Both connections the role may have are taken for 1 s; eight machines (each its own
-    local file) ask for an entry meanwhile. Each is refused (``too many connections for
+    """Both connections the role may have are taken; eight machines (each its own local file)
+    ask for an entry at once, and the connections are given back 1 s later. Each is refused (``too many connections for
     role``), waits with backoff and is served once a connection frees: 8 of 8, none falls
     back to its local cache, each within its timeout."""
     role, url = limited_role
@@ -237,10 +239,12 @@ def test_a_full_server_is_a_wait_not_an_outage(tmp_path: Path, pg_url: str, limi
         create_engine(url).connect()
     assert transient(refused.value) and "too many connections" in str(refused.value)
     mp = multiprocessing.get_context("fork")
-    out = mp.Queue()
-    procs = [mp.Process(target=_lookup_once, args=(url, str(tmp_path / f"m{i}.db"), key, out)) for i in range(8)]
+    barrier, out = mp.Barrier(9), mp.Queue()
+    procs = [mp.Process(target=_lookup_once, args=(url, str(tmp_path / f"m{i}.db"), key, barrier, out))
+             for i in range(8)]
     for p in procs:
         p.start()
+    barrier.wait(60)
     time.sleep(1.0)
     for conn in held:
         conn.close()
