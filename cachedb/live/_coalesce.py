@@ -87,7 +87,6 @@ class Slot:
     asked_at: float
     found: bool
     sent: bytes
-    waited: bool  #: whether another process or thread held the slot when this one came
 
     def mark_asked(self, found: bool) -> None:
         """Record that this process asked the remote now, and whether it had the entry."""
@@ -102,15 +101,11 @@ class Slot:
 
 
 class Coalescer:
-    """The sidecar of one local database file (see the module's docstring); fork-safe.
-
-    ``waits`` counts the slots this process found held by another process or thread,
-    ``timeouts`` the waits that reached their deadline."""
+    """The sidecar of one local database file (see the module's docstring); fork-safe: it
+    holds no descriptor between calls."""
 
     def __init__(self, path: Path, database: Path) -> None:
         self.path = path
-        self.waits = 0
-        self.timeouts = 0
         os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))  # fails here if it cannot
         #: The database file's identity, part of every slot's digest: a database deleted and
         #: made anew beside an old sidecar never reads what was recorded for the old one.
@@ -120,18 +115,17 @@ class Coalescer:
     def _flock(self, fd: int, cmd: int, kind: int, index: int) -> None:
         fcntl.fcntl(fd, cmd, _FLOCK.pack(kind, os.SEEK_SET, index * SLOT_BYTES, SLOT_BYTES, 0))
 
-    def _acquire(self, index: int, deadline: float) -> tuple[int | None, bool]:
-        """``(descriptor holding the slot's lock, waited)``; ``(None, True)`` when the wait
-        reached ``deadline``. The lock is released by closing the descriptor."""
+    def _acquire(self, index: int, deadline: float) -> int | None:
+        """A descriptor holding the slot's lock; ``None`` when the wait reached ``deadline``.
+        The lock is released by closing the descriptor."""
         fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC)
         try:
             self._flock(fd, _SETLK, fcntl.F_WRLCK, index)
-            return fd, False
+            return fd
         except OSError as exc:
             if exc.errno not in (errno.EACCES, errno.EAGAIN):
                 os.close(fd)
                 raise
-        self.waits += 1
         done = threading.Condition()
         state: dict[str, object] = {}
 
@@ -152,9 +146,8 @@ class Coalescer:
             done.wait_for(lambda: "ok" in state, timeout=max(0.0, deadline - time.monotonic()))
             if "ok" not in state:
                 state["abandoned"] = True
-                self.timeouts += 1
-                return None, True
-            return (fd if state["ok"] else None), True
+                return None
+            return fd if state["ok"] else None
 
     def _write(self, slot: Slot) -> None:
         if slot.fd < 0:  # not locked: nothing recorded
@@ -169,10 +162,10 @@ class Coalescer:
         key = digest((*self._identity, *parts))
         index = int.from_bytes(key[:4], "little") & (SLOTS - 1)
         try:
-            fd, waited = self._acquire(index, deadline)
+            fd = self._acquire(index, deadline)
         except OSError as exc:  # a file system without these locks (ENOLCK, EINVAL): ask alone
             log.debug("cachedb: no remote coalescing through %s: %s", self.path, exc)
-            yield Slot(self, -1, index, key, 0.0, False, b"", False)
+            yield Slot(self, -1, index, key, 0.0, False, b"")
             return
         if fd is None:
             yield None
@@ -182,12 +175,9 @@ class Coalescer:
             stored, asked_at, found, sent = _LAYOUT.unpack(raw) if len(raw) == SLOT_BYTES else (b"", 0.0, False, b"")
             if stored != key:
                 asked_at, found, sent = 0.0, False, b""
-            yield Slot(self, fd, index, key, asked_at, found, sent, waited)
+            yield Slot(self, fd, index, key, asked_at, found, sent)
         finally:
             os.close(fd)  # releases the lock
-
-    def close(self) -> None:
-        """Nothing is held between calls: each hold opens and closes its own descriptor."""
 
 
 def for_database(path: Path | None) -> Coalescer | None:

@@ -499,9 +499,6 @@ class RemoteTier:
             if self._db is not None:
                 self._db.close()
                 self._db = None
-            for coalescer in self._coalescers.values():
-                if coalescer is not None:
-                    coalescer.close()
             self._coalescers.clear()
 
 
