@@ -31,6 +31,14 @@ from cachedb.live._store import LiveStore
 
 from .conftest import PG_URL
 
+
+@pytest.fixture(autouse=True)
+def _remote_rows_accepted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests exercise the tier's transport: every remote row is taken
+    (``CACHEDB_REMOTE_TRUST=1``); what trust refuses is tests/test_fleet_trust.py's."""
+    monkeypatch.setenv("CACHEDB_REMOTE_TRUST", "1")
+
+
 ROOT = Path(__file__).resolve().parents[1]
 BUILDER = ROOT / "examples" / "build_cache.py"
 #: A PostgreSQL URL nothing listens on (port 1 refuses at once).
