@@ -173,11 +173,12 @@ def _lookups_through_a_restart(url: str, local: str, keys: list[str], ready: Any
 
 
 def test_a_server_restarted_mid_herd_is_waited_out(tmp_path: Path, pgbouncer: Any, database: str) -> None:
-    """Six machines look up 20 entries each, one every 50 ms, while the server they connect to
-    (PgBouncer) stops for 0.5 s and starts again: ``connection refused`` meanwhile, and every
-    lookup waits it out within its timeout: all served, no fallback to the local cache."""
+    """Six machines look up 40 entries each, one every 50 ms (2 s, so a loaded host still
+    looks up when the server goes), while the server they connect to (PgBouncer) stops for
+    0.5 s and starts again: ``connection refused`` meanwhile, and every lookup waits it out
+    within its timeout: all served, no fallback to the local cache."""
     url = pgbouncer.url(database)
-    entries = _fill(url, tmp_path, 20)
+    entries = _fill(url, tmp_path, 40)
     keys = [key for key, _ in entries]
     mp = multiprocessing.get_context("fork")
     ready, out = mp.Barrier(7), mp.Queue()
@@ -185,7 +186,7 @@ def test_a_server_restarted_mid_herd_is_waited_out(tmp_path: Path, pgbouncer: An
              for i in range(6)]
     for p in procs:
         p.start()
-    ready.wait(60)  # every machine is looking up (20 lookups, 1 s) when the server stops
+    ready.wait(60)  # every machine is looking up (40 lookups, 2 s) when the server stops
     time.sleep(0.3)
     pgbouncer.restart(down_s=0.5)
     results = [out.get(timeout=120) for _ in procs]
