@@ -79,14 +79,39 @@ def _run_machine(db: Path, cache_dir: Path, remote: str, *extra: str,
 
 @pytest.mark.slow
 def test_machine_b_starts_warm_from_what_machine_a_compiled(tmp_path: Path, pg_url: str) -> None:
-    """A signs what it sends (CACHEDB_SIGNING_KEY); B holds only A's public key."""
+    """A fleet as documented: the schema made by its owner, roles from ``cachedb fleet
+    grant``; A logs in with the writer role and signs what it sends (CACHEDB_SIGNING_KEY), B
+    logs in with the read-only role and holds only A's public key."""
+    from sqlalchemy.engine import make_url
+
+    from cachedb.store.signing import SigningKey
+
+    tag = uuid.uuid4().hex[:8]
+    roles = [f"cdb_a_{tag}", f"cdb_b_{tag}", f"cdb_w_{tag}", f"cdb_r_{tag}"]
+    owner = [sys.executable, "-m", "cachedb", "--db", pg_url]
+    subprocess.run([*owner, "init"], check=True, capture_output=True)
+    subprocess.run([*owner, "fleet", "grant", "--writer", roles[0], "--reader", roles[1], "--writer-role", roles[2],
+                    "--reader-role", roles[3]], check=True, capture_output=True)
+    try:
+        _machines_a_and_b(tmp_path, pg_url, *(make_url(pg_url).set(username=r).render_as_string(False)
+                                              for r in roles[:2]))
+    finally:
+        engine = create_engine(pg_url)
+        with engine.begin() as conn:
+            for role in roles:
+                conn.execute(text(f'DROP OWNED BY "{role}"'))
+                conn.execute(text(f'DROP ROLE "{role}"'))
+        engine.dispose()
+
+
+def _machines_a_and_b(tmp_path: Path, pg_url: str, writer_url: str, reader_url: str) -> None:
     from cachedb.store.signing import SigningKey
 
     key = SigningKey.generate()
     (tmp_path / "a.pem").write_text(key.private_pem())
     writer = {"CACHEDB_SIGNING_KEY": str(tmp_path / "a.pem")}
     consumer = {"CACHEDB_TRUSTED_KEYS": key.public_line()}
-    a, _ = _run_machine(tmp_path / "a.db", tmp_path / "a", pg_url, keys=writer)
+    a, _ = _run_machine(tmp_path / "a.db", tmp_path / "a", writer_url, keys=writer)
     assert a["counters"]["fxgraph_cache_miss"] == 5 and a["counters"]["autograd_cache_miss"] == 4
     remote = _counts(pg_url)
     local_a = _counts(str(tmp_path / "a.db"))
@@ -94,7 +119,7 @@ def test_machine_b_starts_warm_from_what_machine_a_compiled(tmp_path: Path, pg_u
     for table in ("guarded_entries", "autotune_timings", "best_configs", "kernel_artifacts"):
         assert remote[table] == local_a[table] > 0, table
 
-    b, _ = _run_machine(tmp_path / "b.db", tmp_path / "b", pg_url, keys=consumer)
+    b, _ = _run_machine(tmp_path / "b.db", tmp_path / "b", reader_url, keys=consumer)
     c = b["counters"]
     assert c["fxgraph_cache_hit"] == 5 and c.get("fxgraph_cache_miss", 0) == 0
     assert c["autograd_cache_hit"] == 4 and c.get("autograd_cache_miss", 0) == 0
