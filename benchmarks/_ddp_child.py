@@ -33,7 +33,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--db")
     parser.add_argument("--mega-dir")
     parser.add_argument("--save-mega", action="store_true")
+    parser.add_argument("--without-winner-seams", action="store_true",
+                        help="cachedb: put back torch's own Config.__setstate__, _dynamic_scale_rblock and "
+                             "_load_cached_autotuning in this rank (what cachedb served before it kept winners)")
     return parser.parse_args(argv)
+
+
+def without_winner_seams() -> None:
+    """Undo, in this process, the seams that keep a served winner the winner
+    (:mod:`cachedb.live._autotune`); the best-config backend and ``recheck_autotune_cache``
+    stay. Compile workers keep theirs."""
+    from torch._inductor.runtime import autotune_cache, triton_heuristics
+
+    for owner, name in ((triton_heuristics.Config, "__setstate__"),
+                        (triton_heuristics.CachingAutotuner, "_dynamic_scale_rblock"),
+                        (autotune_cache, "_load_cached_autotuning")):
+        inner = getattr(vars(owner).get(name), "__wrapped__", None)
+        if inner is not None:
+            setattr(owner, name, inner)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,6 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     seconds["setup"] = time.perf_counter() - t
     dist.barrier()  # the ranks start their first calls together, as a job does
     with scope:
+        if args.without_winner_seams:
+            without_winner_seams()
         parts = ddp_training(torch, local_rank)
     ok = bool(parts.pop("ok"))
     wall = time.time() - args.t0

@@ -117,6 +117,11 @@ def run(ctx: Context) -> SectionResult:
                 add(case, _sample(ctx, nproc, "cachedb", ctx.tmpdir("dbrun") / "inductor", ctx.tmpdir("machine"),
                                   db=str(live_db)))
 
+    # For scale: the same warm start with the seams that keep a served winner the winner undone
+    # in the ranks (cachedb before them: recheck_autotune_cache and the best configs alone).
+    add("warm cachedb, winner seams off", _sample(ctx, nproc, "cachedb", ctx.tmpdir("offrun") / "inductor",
+                                                  ctx.tmpdir("machine"), db=str(live_db), without_winner_seams=True))
+
     first = {case: summarize([r["first_call_s"] for r in rs], "s") for case, rs in ranks.items()}
     local = first["warm local"]
     label = f"DDP on {nproc} GPUs"
@@ -132,6 +137,14 @@ def run(ctx: Context) -> SectionResult:
     res.rows.append(Row(f"{label}, cold compile writing to one cachedb vs cold to files: first calls per rank",
                         first["cold, cachedb installed"], first["cold"], "cold compile"))
     tuning_rows(res, f"{label}, warm cachedb", ranks, "warm cachedb", per="rank")
+    off = "warm cachedb, winner seams off"
+    res.rows.append(Row(f"{label}, warm cachedb vs the same with the winner-keeping seams off in the ranks: first calls "
+                        "per rank", first["warm cachedb"], first[off], off))
+    for key, what in (("coordesc_calls", "coordinate-descent runs"), ("benchmark_gpu_calls", "GPU benchmarks")):
+        res.rows.append(Row(f"{label}, {off}: {what} per rank (for scale)",
+                            summarize([r["tuning_calls"][key] for r in ranks[off]], "calls"),
+                            summarize([r["tuning_calls"][key] for r in ranks["warm cachedb"]], "calls"),
+                            "warm cachedb", note="Config pickling, RBLOCK scaling and 2.11's winner lookup as torch has them"))
     for case in ("cold", "warm Mega-Cache"):
         for key, what in (("coordesc_calls", "coordinate-descent runs"), ("benchmark_gpu_calls", "GPU benchmarks")):
             res.rows.append(Row(f"{label}, {case}: {what} per rank (torch alone, for scale)",
