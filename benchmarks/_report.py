@@ -286,9 +286,12 @@ def merged(path: Path, results: list[SectionResult], meta: dict[str, Any],
     for res in kept:
         if not any(n.startswith("measured in the run of") for n in res.notes):
             res.notes.insert(0, origin)
-    earlier = [*old.get("earlier_runs", []),
-               {"created": old.get("created"), "command": old.get("command"), "sections": [r.name for r in kept],
-                "machine": m}]
+    before = [run for run in old.get("earlier_runs", []) if set(run["sections"]) & {r.name for r in kept}]
+    attributed = {name for run in before for name in run["sections"]}
+    own = [r.name for r in kept if r.name not in attributed]  # measured in the old document's own run
+    earlier = [{**run, "sections": [n for n in run["sections"] if n not in fresh]} for run in before]
+    if own:
+        earlier.append({"created": old.get("created"), "command": old.get("command"), "sections": own, "machine": m})
     everything = {r.name: r for r in [*kept, *results]}
     ordered = [everything[n] for n in order if n in everything]
     meta = {**meta, "sections_run": [r.name for r in ordered], "earlier_runs": earlier}

@@ -184,3 +184,9 @@ def test_merge_keeps_the_sections_a_run_did_not_measure(tmp_path: Path) -> None:
     assert merged_meta["earlier_runs"][0]["sections"] == ["warm_start"]
     _, md_path, md = write(tmp_path, ordered, merged_meta, "gpu")
     assert "Sections warm_start come from the run of then" in md
+    # a third run: each kept section stays attributed to the run that measured it
+    third = [SectionResult("gpt2", "G", notes=["gpt2"])]
+    ordered, meta3 = merged(tmp_path / "gpu.json", third, {**meta, "created": "later"}, ["warm_start", "ddp", "gpt2"])
+    assert [r.name for r in ordered] == ["warm_start", "ddp", "gpt2"]
+    assert [(run["created"], run["sections"]) for run in meta3["earlier_runs"]] == [("then", ["warm_start"]),
+                                                                                   ("now", ["ddp"])]
