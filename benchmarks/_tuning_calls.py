@@ -11,7 +11,9 @@ functions every runtime tuning goes through are wrapped and their calls counted:
   GPU benchmark (coordinate descent's candidates, ``autotune_to_one_config``'s launchers and,
   in a compile, ``select_algorithm``'s choices).
 
-``kernels``: the kernel names coordinate descent tuned, for the report.
+``kernels``: the kernel names coordinate descent tuned; ``benchmarked``: those whose launchers
+``CachingAutotuner.autotune_to_one_config`` benchmarked at run time (with how many), for the
+report.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ def count_tuning_calls() -> dict[str, Any]:
     from torch._inductor.runtime import benchmarking, coordinate_descent_tuner
     from torch._inductor.runtime.triton_heuristics import CachingAutotuner
 
-    counts: dict[str, Any] = {"coordesc_calls": 0, "benchmark_gpu_calls": 0, "kernels": []}
+    counts: dict[str, Any] = {"coordesc_calls": 0, "benchmark_gpu_calls": 0, "kernels": [], "benchmarked": []}
     tuner = coordinate_descent_tuner.CoordescTuner
     autotune = tuner.autotune
 
@@ -54,4 +56,14 @@ def count_tuning_calls() -> dict[str, Any]:
         return result
 
     CachingAutotuner.coordinate_descent_tuning = named  # type: ignore[method-assign]
+
+    to_one = CachingAutotuner.autotune_to_one_config
+
+    def named_to_one(self: Any, *a: Any, **k: Any) -> Any:
+        launchers = len(self.launchers)
+        result = to_one(self, *a, **k)
+        counts["benchmarked"].append(f"{self.inductor_meta.get('kernel_name')} ({launchers} launchers)")
+        return result
+
+    CachingAutotuner.autotune_to_one_config = named_to_one  # type: ignore[method-assign]
     return counts

@@ -168,9 +168,11 @@ def run(ctx: Context) -> SectionResult:
         res.notes.append(f"{case}: first calls {[round(s['first_call_s'], 2) for s in ss]} s, wall "
                          f"{[round(s['wall_s'], 1) for s in ss]} s; tuning calls (coordinate descent, GPU benchmarks) "
                          f"{calls}; cache counters (first sample) {json.dumps(hits, sort_keys=True)}")
-    res.notes.append(f"Compile workers: TORCHINDUCTOR_COMPILE_THREADS={WORKERS} in every process. Default torch.compile "
-                     "settings: a reduction with one heuristic config gets no autotune cache from torch "
-                     "(check_autotune_cache), so the halved-RBLOCK launcher _dynamic_scale_rblock adds is benchmarked "
-                     "in every process, whatever the cache: the GPU benchmarks above.")
+    benchmarked = sorted({k for ss in samples.values() for s in ss for k in s["tuning_calls"].get("benchmarked", [])})
+    res.notes.append(f"Compile workers: TORCHINDUCTOR_COMPILE_THREADS={WORKERS} in every process; default torch.compile "
+                     "settings. Torch stores no winner for a reduction with one heuristic config and coordinate descent "
+                     "off (check_autotune_cache creates no autotune cache for it), so a halved-RBLOCK launcher that "
+                     "_dynamic_scale_rblock adds to one is benchmarked in every process, whatever the cache"
+                     + (f"; kernels autotune_to_one_config benchmarked: {benchmarked}" if benchmarked else "") + ".")
     res.extra = {"samples": samples}
     return res

@@ -160,7 +160,10 @@ def run(ctx: Context) -> SectionResult:
                         f"{r['seconds']['mlp_autotune']:.2f}, {r['tuning_calls']['coordesc_calls']}, "
                         f"{r['tuning_calls']['benchmark_gpu_calls']})" for r in rs)
             + (f"; kernels tuned: {sorted({k for r in rs for k in r['tuning_calls']['kernels']})}"
-               if any(r["tuning_calls"]["kernels"] for r in rs) and case != "cold" else ""))
+               if any(r["tuning_calls"]["kernels"] for r in rs) and case != "cold" else "")
+            + (f"; launchers benchmarked by autotune_to_one_config: "
+               f"{sorted({k for r in rs for k in r['tuning_calls'].get('benchmarked', [])})}"
+               if any(r["tuning_calls"].get("benchmarked") for r in rs) and case != "cold" else ""))
     res.notes.append(f"{nproc} ranks through torch.distributed.run --standalone, NCCL, {workers(nproc)} compile "
                      "workers per rank (TORCHINDUCTOR_COMPILE_THREADS); one cache directory per sample shared by its "
                      "ranks, one database shared by the ranks of the cachedb cases.")
