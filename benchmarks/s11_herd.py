@@ -53,6 +53,14 @@ from ._report import Row, SectionResult
 from ._stats import summarize
 
 NAME = "herd"
+
+
+def _accept() -> Any:
+    """The herd measures the tier's transport: every remote row is taken unsigned
+    (``CACHEDB_REMOTE_TRUST=1``; signatures' cost is §8's side-by-side)."""
+    from cachedb.fleet.trust import TrustPolicy
+
+    return TrustPolicy(accept_unsigned=True)
 TITLE = "Herd: hundreds of processes on one PostgreSQL (direct, PgBouncer) and on torch's Redis remote cache"
 
 PG_URL = os.environ.get("CACHEDB_BENCH_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
@@ -120,7 +128,7 @@ def _client(mode: str, url: str, local: str, keys: list[str], barrier: Any, out:
 
             for name, fn in (("connect", connected), ("close", closed), ("close_detached", closed)):
                 event.listen(Engine, name, fn)  # every engine's pool: the remote's connections
-            store = LiveStore(local, remote=RemoteTier(url), write_behind=False)
+            store = LiveStore(local, remote=RemoteTier(url, trust=_accept()), write_behind=False)
             store.db  # the local file opened before the barrier: the herd measures the remote
             opened.clear()  # the local SQLite file's connection is not the server's
 
@@ -225,8 +233,8 @@ def _connect_cost(ctx: Context, url: str, n: int) -> tuple[list[float], list[flo
     from cachedb.live._remote import RemoteTier
     from cachedb.live._store import LiveStore
 
-    fresh = LiveStore(str(ctx.tmpdir("herdconn") / "a.db"), remote=RemoteTier(url, idle_s=0.0), write_behind=False)
-    kept = LiveStore(str(ctx.tmpdir("herdconn") / "b.db"), remote=RemoteTier(url, idle_s=60.0), write_behind=False)
+    fresh = LiveStore(str(ctx.tmpdir("herdconn") / "a.db"), remote=RemoteTier(url, trust=_accept(), idle_s=0.0), write_behind=False)
+    kept = LiveStore(str(ctx.tmpdir("herdconn") / "b.db"), remote=RemoteTier(url, trust=_accept(), idle_s=60.0), write_behind=False)
     out: dict[str, list[float]] = {"fresh": [], "kept": []}
     for i in range(n + 1):
         for name, store in (("fresh", fresh), ("kept", kept)):
@@ -270,7 +278,7 @@ def run(ctx: Context) -> SectionResult:
         from cachedb.live._remote import RemoteTier
         from cachedb.live._store import LiveStore
 
-        writer = LiveStore(str(ctx.tmpdir("herdfill") / "fill.db"), remote=RemoteTier(url, timeout_s=30),
+        writer = LiveStore(str(ctx.tmpdir("herdfill") / "fill.db"), remote=RemoteTier(url, trust=_accept(), timeout_s=30),
                            write_behind=False)
         for key, content in entries.items():
             writer.guarded_put("fxgraph", key, content)

@@ -56,10 +56,11 @@ TITLE = "Warm start with real torch.compile (fresh process per sample)"
 
 
 def _sample(mode: str, cache_dir: Path, models: str, device: str = "cpu", machine_tmp: Path | None = None,
-            **opts: str) -> dict[str, Any]:
+            extra_env: dict[str, str] | None = None, **opts: str) -> dict[str, Any]:
     """Run one ``benchmarks._warm_child`` process; returns its JSON report. ``machine_tmp``:
     its ``TMPDIR``, the machine-wide state torch keeps outside the cache directory
-    (``default_cache_dir()``: C++ precompiled headers); a new empty one is a fresh machine."""
+    (``default_cache_dir()``: C++ precompiled headers); a new empty one is a fresh machine.
+    ``extra_env``: variables set for it (the caller's ``CACHEDB_*`` are not passed on)."""
     cmd = [sys.executable, "-m", "benchmarks._warm_child", mode, "--cache-dir", str(cache_dir), "--models", models,
            "--device", device]
     for key, value in opts.items():
@@ -70,6 +71,7 @@ def _sample(mode: str, cache_dir: Path, models: str, device: str = "cpu", machin
     env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     if machine_tmp is not None:
         env["TMPDIR"] = str(machine_tmp)
+    env.update(extra_env or {})
     t0 = time.time()
     proc = subprocess.run(cmd + ["--t0", repr(t0)], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
                           timeout=900, check=False)

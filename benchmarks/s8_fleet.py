@@ -7,10 +7,13 @@ at the end. Without a reachable server the section says so and measures nothing.
 Warm start (real ``torch.compile``, a fresh process per sample, §1's CPU workloads):
 
 - **machine A**: an empty cache dir and an empty local SQLite file, ``cachedb.installed(local,
-  remote=PG)``: the cold compile fills the local file and, through the background writer, the
-  remote;
-- **machine B**: per sample a new empty cache dir and a new empty local file, same remote:
-  every lookup misses locally, is pulled from the remote (one query each) and served;
+  remote=PG)``, a writer (``CACHEDB_SIGNING_KEY``): the cold compile fills the local file and,
+  through the background writer, the remote, every row signed;
+- **machine B**: per sample a new empty cache dir and a new empty local file, same remote, a
+  consumer holding only A's public key (``CACHEDB_TRUSTED_KEYS``): every lookup misses
+  locally, is pulled from the remote (one query each), its signatures checked, and served;
+- **machine B, unsigned**: the same with ``CACHEDB_REMOTE_TRUST=1`` instead of keys (nothing
+  checked): what the signatures cost, side by side;
 - **warm local files**: the populated directory of a cold run with torch's own file caches;
 - **B again**: the local file B filled, a new empty dir (local hits only, no round trip).
 
@@ -82,24 +85,36 @@ def _warm_start(ctx: Context, res: SectionResult, remote: str) -> None:
                 f"remote {report.get('remote_counts')}")
         return report
 
+    from cachedb.store.signing import SigningKey
+
+    key = SigningKey.generate()
+    key_file = ctx.tmpdir("fleetkey") / "writer.pem"
+    key_file.write_text(key.private_pem())
+    key_file.chmod(0o600)
+    writer = {"CACHEDB_SIGNING_KEY": str(key_file)}
+    consumer = {"CACHEDB_TRUSTED_KEYS": key.public_line()}
     cold_dir = ctx.tmpdir("fleetcold") / "inductor"
     add("cold, files", _sample("files", cold_dir, models))
     a_db = ctx.tmpdir("fleeta") / "a.db"
     add("machine A: cold, local + remote", _sample("cachedb-cold", ctx.tmpdir("fleetadir") / "inductor", models,
-                                                   db=str(a_db), remote=remote))
+                                                   extra_env=writer, db=str(a_db), remote=remote))
     b_db = None
+    cases = ["warm local files", "machine B", "machine B, unsigned"]
     for r in range(n):
-        for case in (["warm local files", "machine B"] if r % 2 == 0 else ["machine B", "warm local files"]):
+        for case in cases[r % 3:] + cases[:r % 3]:
             if case == "warm local files":
                 add(case, _sample("files", cold_dir, models))
-            else:
-                b_db = ctx.tmpdir("fleetb") / "b.db"  # a new machine every time: empty local file
-                add(case, _sample("cachedb", ctx.tmpdir("fleetbdir") / "inductor", models, db=str(b_db),
-                                  remote=remote))
+                continue
+            db = ctx.tmpdir("fleetb") / "b.db"  # a new machine every time: empty local file
+            env = consumer if case == "machine B" else {"CACHEDB_REMOTE_TRUST": "1"}
+            add(case, _sample("cachedb", ctx.tmpdir("fleetbdir") / "inductor", models, extra_env=env, db=str(db),
+                              remote=remote))
+            if case == "machine B":
+                b_db = db
     assert b_db is not None
     for _ in range(n):
         add("machine B again (local hits)", _sample("cachedb", ctx.tmpdir("fleetb2") / "inductor", models,
-                                                    db=str(b_db), remote=remote))
+                                                    extra_env=consumer, db=str(b_db), remote=remote))
 
     first = {c: summarize([s["first_call_s"] for s in ss], "s") for c, ss in samples.items()}
     wall = {c: summarize([s["wall_s"] for s in ss], "s") for c, ss in samples.items()}
@@ -108,6 +123,13 @@ def _warm_start(ctx: Context, res: SectionResult, remote: str) -> None:
                         met=first["machine B"].median <= 1.2 * first["warm local files"].median))
     res.rows.append(Row("machine B, fresh dir: process wall vs warm local files", wall["machine B"],
                         wall["warm local files"], "warm local dir"))
+    res.rows.append(Row("machine B with public keys (signatures checked) vs unsigned (CACHEDB_REMOTE_TRUST=1): "
+                        "first calls", first["machine B"], first["machine B, unsigned"], "unsigned", target="≤ 1.05x",
+                        met=first["machine B"].median <= 1.05 * first["machine B, unsigned"].median))
+    refused = [s["remote_counts"].get("refused_rows", 0) for s in samples["machine B"]]
+    hits = [s["remote_counts"].get("pull_hit", 0) for s in samples["machine B"]]
+    res.notes.append(f"machine B (public keys only): remote hits per sample {hits}, rows refused {refused}; "
+                     f"machine A signed {samples['machine A: cold, local + remote'][0]['remote_counts'].get('signed_rows', 0)} rows.")
     res.rows.append(Row("machine B again (its local file, no round trips), fresh dir: first calls vs warm local",
                         first["machine B again (local hits)"], first["warm local files"], "warm local dir"))
     res.rows.append(Row("machine A cold, writing local + remote, vs cold to files: first calls",

@@ -102,6 +102,11 @@ class QueryError(CacheDBError):
     """A read-only query failed (bad SQL, or an attempt to write)."""
 
 
+class KeyConfigError(CacheDBError):
+    """A signing or trusted key (``CACHEDB_SIGNING_KEY``, ``CACHEDB_TRUSTED_KEYS``) is not an
+    Ed25519 key, or its file cannot be read; the message names the file or entry."""
+
+
 class TorchUnavailableError(CacheDBError):
     """The operation needs torch, which is not importable in this environment."""
 

@@ -286,11 +286,13 @@ def test_live_store_pushes_to_and_pulls_from_the_remote_tier(tmp_path: Path, pg_
     from cachedb.live._remote import RemoteTier
     from cachedb.live._store import LiveStore
 
-    a = LiveStore(str(tmp_path / "a.db"), remote=RemoteTier(pg_url))
+    from cachedb.fleet.trust import TrustPolicy
+
+    a = LiveStore(str(tmp_path / "a.db"), remote=RemoteTier(pg_url, trust=TrustPolicy(accept_unsigned=True)))
     assert a.dynamo_put("pgo", "job1_None_", NEW) and a.dynamo_put("precompile", "c" * 64, OLD)
     a.close()  # flushes the remote queue
     assert a.remote.counts["failures"] == 0
-    b = LiveStore(str(tmp_path / "b.db"), remote=RemoteTier(pg_url))
+    b = LiveStore(str(tmp_path / "b.db"), remote=RemoteTier(pg_url, trust=TrustPolicy(accept_unsigned=True)))
     try:
         assert b.dynamo_get("pgo", "job1_None_") == NEW
         assert b.dynamo_get("precompile", "c" * 64) == OLD

@@ -28,6 +28,14 @@ from cachedb.live._store import LiveStore
 
 from .conftest import PG_URL
 
+
+@pytest.fixture(autouse=True)
+def _remote_rows_accepted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests exercise the tier's transport: every remote row is taken
+    (``CACHEDB_REMOTE_TRUST=1``); what trust refuses is tests/test_fleet_trust.py's."""
+    monkeypatch.setenv("CACHEDB_REMOTE_TRUST", "1")
+
+
 BEST_CONFIG = json.dumps({"XBLOCK": 64, "num_warps": 4, "num_stages": 1, "configs_hash": "c" * 64}).encode()
 
 

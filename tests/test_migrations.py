@@ -111,8 +111,10 @@ def test_head_revision_constant_matches_alembic() -> None:
 
 
 def _timing_state(db: CacheDB) -> dict[str, list[tuple]]:
-    """The flat timings and the tuning-history views, as plain tuples (timestamps as text)."""
+    """The flat timings (the columns every revision shows) and the tuning-history views, as
+    plain tuples (timestamps as text)."""
     out = {}
+    flat = "id, fingerprint_id, op, inputs, hint_override, precision, choice_hash, timing_ms, position, recorded_at"
     with db.engine.connect() as conn:
         for name, order in (
             ("autotune_timings", "id"),
@@ -120,7 +122,8 @@ def _timing_state(db: CacheDB) -> dict[str, list[tuple]]:
             ("autotune_winners", "fingerprint_id, op, inputs, precision"),
             ("autotune_history", "id"),
         ):
-            rows = conn.execute(text(f"SELECT * FROM {name} ORDER BY {order}")).all()
+            columns = flat if name == "autotune_timings" else "*"
+            rows = conn.execute(text(f"SELECT {columns} FROM {name} ORDER BY {order}")).all()
             out[name] = [tuple(str(v) if v is not None else None for v in row) for row in rows]
     return out
 
@@ -167,11 +170,13 @@ def test_compact_timings_migration_keeps_every_benchmark(db: CacheDB) -> None:
 
 
 def _best_config_state(db: CacheDB) -> tuple[set[str], list[tuple]]:
-    """The index names of ``best_configs`` and its rows (timestamps as text)."""
+    """The index names of ``best_configs`` and its rows (timestamps as text; the columns of
+    revision 0004, which 0005 reshapes: ``ed25519_signature`` comes with 0009)."""
     indexes = {ix["name"] for ix in inspect(db.engine).get_indexes("best_configs")}
     with db.engine.connect() as conn:
-        rows = conn.execute(text("SELECT * FROM best_configs ORDER BY id")).all()
-    return indexes, [tuple(str(v) if v is not None else None for v in row) for row in rows]
+        rows = conn.execute(text("SELECT * FROM best_configs ORDER BY id")).mappings().all()
+    return indexes, [tuple(str(v) if v is not None else None for k, v in row.items() if k != "ed25519_signature")
+                     for row in rows]
 
 
 def test_lean_best_configs_migration_keeps_every_config(db: CacheDB) -> None:
@@ -243,7 +248,7 @@ def test_downgrade_below_0008_refuses_long_precisions_on_postgresql(db: CacheDB)
     if db.engine.dialect.name == "postgresql":
         with pytest.raises(MigrationError, match="precision holds a value of 21 characters"):
             _migrate.downgrade(db.engine, "0007")
-        expected = "0008"
+        expected = _migrate.HEAD_REVISION
     else:
         _migrate.downgrade(db.engine, "0007")
         expected = "0007"

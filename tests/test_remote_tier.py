@@ -31,6 +31,14 @@ from cachedb.live._store import LiveStore
 
 from .conftest import PG_URL
 
+
+@pytest.fixture(autouse=True)
+def _remote_rows_accepted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests exercise the tier's transport: every remote row is taken
+    (``CACHEDB_REMOTE_TRUST=1``); what trust refuses is tests/test_fleet_trust.py's."""
+    monkeypatch.setenv("CACHEDB_REMOTE_TRUST", "1")
+
+
 ROOT = Path(__file__).resolve().parents[1]
 BUILDER = ROOT / "examples" / "build_cache.py"
 #: A PostgreSQL URL nothing listens on (port 1 refuses at once).
@@ -53,9 +61,12 @@ def _counts(location: str) -> dict[str, int]:
 # -- the real thing: torch.compile on two machines -------------------------------------------
 
 
-def _run_machine(db: Path, cache_dir: Path, remote: str, *extra: str) -> tuple[dict, str]:
-    """``cachedb --db DB run --remote URL -- python examples/build_cache.py CACHE_DIR --json``."""
+def _run_machine(db: Path, cache_dir: Path, remote: str, *extra: str,
+                 keys: dict[str, str] | None = None) -> tuple[dict, str]:
+    """``cachedb --db DB run --remote URL -- python examples/build_cache.py CACHE_DIR --json``
+    (``keys``: the ``CACHEDB_*`` trust variables it runs with; no others are passed on)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("CACHEDB_")}
+    env.update(keys or {})
     env["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir)
     proc = subprocess.run(
         [sys.executable, "-m", "cachedb", "--db", str(db), "run", "--remote", remote, *extra, "--",
@@ -68,7 +79,14 @@ def _run_machine(db: Path, cache_dir: Path, remote: str, *extra: str) -> tuple[d
 
 @pytest.mark.slow
 def test_machine_b_starts_warm_from_what_machine_a_compiled(tmp_path: Path, pg_url: str) -> None:
-    a, _ = _run_machine(tmp_path / "a.db", tmp_path / "a", pg_url)
+    """A signs what it sends (CACHEDB_SIGNING_KEY); B holds only A's public key."""
+    from cachedb.store.signing import SigningKey
+
+    key = SigningKey.generate()
+    (tmp_path / "a.pem").write_text(key.private_pem())
+    writer = {"CACHEDB_SIGNING_KEY": str(tmp_path / "a.pem")}
+    consumer = {"CACHEDB_TRUSTED_KEYS": key.public_line()}
+    a, _ = _run_machine(tmp_path / "a.db", tmp_path / "a", pg_url, keys=writer)
     assert a["counters"]["fxgraph_cache_miss"] == 5 and a["counters"]["autograd_cache_miss"] == 4
     remote = _counts(pg_url)
     local_a = _counts(str(tmp_path / "a.db"))
@@ -76,7 +94,7 @@ def test_machine_b_starts_warm_from_what_machine_a_compiled(tmp_path: Path, pg_u
     for table in ("guarded_entries", "autotune_timings", "best_configs", "kernel_artifacts"):
         assert remote[table] == local_a[table] > 0, table
 
-    b, _ = _run_machine(tmp_path / "b.db", tmp_path / "b", pg_url)
+    b, _ = _run_machine(tmp_path / "b.db", tmp_path / "b", pg_url, keys=consumer)
     c = b["counters"]
     assert c["fxgraph_cache_hit"] == 5 and c.get("fxgraph_cache_miss", 0) == 0
     assert c["autograd_cache_hit"] == 4 and c.get("autograd_cache_miss", 0) == 0
@@ -89,7 +107,7 @@ def test_machine_b_starts_warm_from_what_machine_a_compiled(tmp_path: Path, pg_u
     assert local_b["kernel_artifacts"] > 0
 
     # B's local file now holds it all: with the remote gone, a third dir is as warm
-    b2, stderr = _run_machine(tmp_path / "b.db", tmp_path / "b2", DEAD_URL, "--remote-timeout", "1")
+    b2, stderr = _run_machine(tmp_path / "b.db", tmp_path / "b2", DEAD_URL, "--remote-timeout", "1", keys=consumer)
     c2 = b2["counters"]
     assert c2["fxgraph_cache_hit"] == 5 and c2["autograd_cache_hit"] == 4
     assert "select_algorithm_autotune" not in c2

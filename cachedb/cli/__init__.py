@@ -4,7 +4,7 @@
 registers its commands on it when imported here.
 """
 
-from . import artifacts, cache, copy, cutlass, report  # noqa: F401  (register their commands)
+from . import artifacts, cache, copy, cutlass, fleet, report  # noqa: F401  (register their commands)
 from ._common import main
 
 __all__ = ["main"]

@@ -348,19 +348,30 @@ def run(obj: _Context, command: tuple[str, ...], remote: str | None, remote_time
 @main.command()
 @click.option("--format", "fmt", type=FORMATS, default="table", show_default=True)
 @click.option("--no-quarantine", is_flag=True, help="Report corrupt entries but leave them in place.")
+@click.option("--remote", "remote_url", metavar="URL",
+              help="List a shared database's rows by signer instead (checked under CACHEDB_TRUSTED_KEYS).")
 @db_options
 @pass_ctx
-def verify(obj: _Context, fmt: str, no_quarantine: bool) -> None:
+def verify(obj: _Context, fmt: str, no_quarantine: bool, remote_url: str | None) -> None:
     """Check integrity, every payload's checksum (and signature, with CACHEDB_HMAC_KEY).
 
     Corrupt entries are moved to quarantine (kept for inspection, never served) and
-    listed, with those quarantined earlier. Exit status 1 on any problem.
+    listed, with those quarantined earlier. Exit status 1 on any problem. With
+    --remote URL: the shared database's rows per table and signer, and exit
+    status 1 when a consumer trusting CACHEDB_TRUSTED_KEYS would not serve one.
 
     \b
     Example:
       cachedb --db inductor.db verify --format json
+      CACHEDB_TRUSTED_KEYS=writer.pem.pub cachedb verify --remote postgresql+psycopg://cache/inductor
     """
     from ..tools.verify import verify as run_verify
+
+    if remote_url is not None:
+        from .fleet import report_signers
+
+        report_signers(remote_url, obj.timeout, fmt)
+        return
 
     with obj.open(existing=True) as db:
         problems, checked = run_verify(db, quarantine=not no_quarantine)

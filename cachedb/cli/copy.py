@@ -32,8 +32,9 @@ from ._common import (
     pass_ctx,
 )
 
-_SIGNED_HELP = ("Refuse (nothing written) a source holding an FX graph/AOTAutograd entry or best config "
-                "that is unsigned or does not verify under CACHEDB_HMAC_KEY.")
+_SIGNED_HELP = ("Refuse (nothing written) a source holding a row that carries code or steers code generation "
+                "without a signature a public key of CACHEDB_TRUSTED_KEYS verifies (or, with CACHEDB_HMAC_KEY, an FX "
+                "graph/AOTAutograd entry, best config or Dynamo cache row that does not verify under it).")
 _BATCH_HELP = "Rows per batch (at least 1); each batch is one transaction on the target."
 _DRY_RUN_HELP = ("Do everything but keep nothing: the rows go into DST in one transaction that is rolled back (into "
                  "an absent DST: a scratch database in $TMPDIR, removed), and the summary says what would be "

@@ -64,11 +64,15 @@ lacks count as empty, and columns it lacks get what the migration would give the
 checked with ``PRAGMA quick_check`` before anything is written; a damaged one is refused
 (:class:`DamagedSourceError`, pointing at ``cachedb recover``).
 
-With ``require_signed``, every FX graph / AOTAutograd entry, best config and row of Dynamo's
-caches of every SRC must carry a signature that verifies under the signer's key
-(``CACHEDB_HMAC_KEY``) before anything is written; otherwise :class:`UnsignedInputError`.
-Timings, LocalCache values, CUTLASS lists and kernel files are not signed by cachedb (kernel
-blobs are content-addressed by SHA-256).
+With ``require_signed``, every SRC is checked before anything is written; otherwise
+:class:`UnsignedInputError`. Under public keys (``trusted``, default ``CACHEDB_TRUSTED_KEYS``)
+every row that carries code or steers code generation (:data:`cachedb.fleet.trust.SIGNED_TABLES`:
+FX graph / AOTAutograd entries, kernel files, best configs, timings, LocalCache values, CUTLASS
+op lists, Dynamo's caches) must carry an Ed25519 signature a trusted key verifies, its payload
+hashing to what was signed; into an SQLite DST (a machine's file) the rows' signers are
+recorded (``row_origins``), so removing a key later removes them there. Under the team's HMAC
+key (``CACHEDB_HMAC_KEY``) every FX graph / AOTAutograd entry, best config and row of Dynamo's
+caches must verify.
 """
 
 from __future__ import annotations
@@ -85,7 +89,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from ..store.engine import WRITE_OPTION, sqlite_path, to_url
 from .._errors import CopyError, DatabaseOpenError
-from ..store.signing import Signer
+from ..store.signing import Signer, TrustedKeys
 from ..db import CacheDB
 
 # The work is done in private modules, one per concern (errors, tables, report, source, target,
@@ -97,6 +101,7 @@ from ._copy_source import _check_signed, _open_sources, _prefetched
 from ._copy_tables import MARKER_TABLE, TABLES, _MARKER
 from ._copy_target import _dry_run_target, _target_state
 from ._copy_transfer import _Transfer
+from .trust import TrustPolicy, TrustRefusedError, check_source, record_origin_keys
 
 #: Default batch bounds: rows, and bytes of row values (payloads included).
 DEFAULT_BATCH_ROWS = 20000
@@ -129,6 +134,7 @@ def _run(
     timeout_s: float,
     repack: bool = False,
     dry_run: bool = False,
+    trusted: TrustedKeys | None = None,
 ) -> CopyReport:
     started = time.monotonic()
     if batch_rows < 1 or batch_bytes < 1:
@@ -139,10 +145,14 @@ def _run(
     for location in sources:
         if _where(location) == target_where:
             raise CopyError(f"{target_where}: source and target are the same database")
+    policy: TrustPolicy | None = None
     if require_signed:
         signer = signer if signer is not None else Signer.from_environment()
-        if signer is None:
-            raise CopyError("--require-signed needs the team's key in CACHEDB_HMAC_KEY; nothing was written")
+        keys = trusted if trusted is not None else TrustedKeys.from_environment()
+        policy = TrustPolicy(trusted=keys) if keys else None
+        if signer is None and policy is None:
+            raise CopyError("--require-signed needs the writers' public keys in CACHEDB_TRUSTED_KEYS (or the "
+                            "team's key in CACHEDB_HMAC_KEY); nothing was written")
     srcs = _open_sources(sources, timeout_s, target_where)
     report = CopyReport(mode, [s.where for s in srcs], target_where,
                         source_revisions={s.where: s.revision for s in srcs}, dry_run=dry_run)
@@ -153,11 +163,17 @@ def _run(
         for s in srcs:
             s.check_integrity(target_where)
         totals = [0, 0]
+        origins: list[tuple[str, str, str]] = []
         for s in srcs:
             with s.snapshot(target_where) as conn:
-                if require_signed:
-                    assert signer is not None
+                if require_signed and signer is not None:
                     _check_signed(s, conn, signer, target_where)
+                if policy is not None:
+                    try:
+                        origins += check_source(conn, policy, s.where)
+                    except TrustRefusedError as exc:
+                        raise UnsignedInputError(f"{exc}; --require-signed refuses it, nothing was written to "
+                                                 f"{target_where}") from exc
                 for table in TABLES:
                     rows, nbytes = s.count(conn, table)
                     totals[0] += rows
@@ -197,6 +213,9 @@ def _run(
             if shared is not None:
                 shared.rollback()
                 shared.close()
+        if origins and not dry_run and dst.engine.dialect.name == "sqlite":  # a machine's file: where rows came from
+            with dst.write() as repos:
+                record_origin_keys(cast(Connection, repos.session), origins)
         if mode == "copy" and not dry_run:
             with dst.write() as repos:
                 _MARKER.drop(cast(Connection, repos.session), checkfirst=True)
@@ -226,6 +245,7 @@ def copy_database(
     timeout_s: float = 30.0,
     repack: bool = False,
     dry_run: bool = False,
+    trusted: TrustedKeys | None = None,
 ) -> CopyReport:
     """Copy every row of ``source`` into ``target`` (empty or absent; created at the code's
     head revision), resumably. See the module docstring for what is copied and how.
@@ -236,7 +256,8 @@ def copy_database(
     committed batch; an exception it raises stops the copy, committed batches stay, and a
     re-run continues. ``batch_rows`` (rows) and ``batch_bytes`` (bytes of row values) bound a
     batch, one DST transaction each; ``timeout_s``: seconds to wait on a locked database.
-    ``signer`` (default: ``CACHEDB_HMAC_KEY``) is the key ``require_signed`` checks against.
+    ``signer`` (default: ``CACHEDB_HMAC_KEY``) and ``trusted`` (default: the public keys of
+    ``CACHEDB_TRUSTED_KEYS``) are what ``require_signed`` checks against (either or both).
     ``repack``: FX graph / AOTAutograd payloads re-encoded as this version writes them to
     ``target`` also when both are SQLite (or both PostgreSQL), as they always are between the
     two (see the module docstring; a database written before small entries were stored as they
@@ -263,7 +284,8 @@ def copy_database(
         sqlalchemy.exc.SQLAlchemyError: a write to ``target`` failed (that batch rolled back).
     """
     return _run("copy", [source], target, progress=progress, require_signed=require_signed, signer=signer,
-                batch_rows=batch_rows, batch_bytes=batch_bytes, timeout_s=timeout_s, repack=repack, dry_run=dry_run)
+                batch_rows=batch_rows, batch_bytes=batch_bytes, timeout_s=timeout_s, repack=repack, dry_run=dry_run,
+                trusted=trusted)
 
 
 def merge_databases(
@@ -278,6 +300,7 @@ def merge_databases(
     timeout_s: float = 30.0,
     repack: bool = False,
     dry_run: bool = False,
+    trusted: TrustedKeys | None = None,
 ) -> CopyReport:
     """Union every row of each of ``sources`` (in order) into ``target`` (created if absent):
     natural keys deduplicate, timings keep every benchmark of both, best configs and
@@ -286,7 +309,8 @@ def merge_databases(
     ``require_signed`` every source is checked before anything is written; ``dry_run`` as
     there."""
     return _run("merge", list(sources), target, progress=progress, require_signed=require_signed, signer=signer,
-                batch_rows=batch_rows, batch_bytes=batch_bytes, timeout_s=timeout_s, repack=repack, dry_run=dry_run)
+                batch_rows=batch_rows, batch_bytes=batch_bytes, timeout_s=timeout_s, repack=repack, dry_run=dry_run,
+                trusted=trusted)
 
 
 __all__ = [

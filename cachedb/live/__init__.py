@@ -26,6 +26,7 @@ from typing import Any
 
 from ..store.engine import default_location, to_url
 from .._errors import TorchUnavailableError
+from ..fleet.trust import ENV_REMOTE_TRUST, TrustPolicy
 from ..keys._versions import untested_torch_warning
 from . import _autoload, _precompile, _seams
 from ._remote import ENV_REMOTE_TIMEOUT, ENV_REMOTE_URL, DEFAULT_REMOTE_TIMEOUT_S, RemoteTier
@@ -104,6 +105,7 @@ def install(
     remote_timeout_s: float | None = None,
     write_behind: bool | None = None,
     precompile: bool | None = None,
+    remote_trust: bool | None = None,
 ) -> LiveStore:
     """Make Inductor store and find its caches in the database at ``path``.
 
@@ -127,6 +129,11 @@ def install(
     ``remote_timeout_s`` (seconds, default ``$CACHEDB_REMOTE_TIMEOUT`` or 2) bounds each lookup,
     waits for a full or restarting server included, each connect and each statement; a remote
     that is down past it, slow or refuses writes costs one warning, then ``path`` alone serves.
+    What the remote holds is taken only when trust is configured (:mod:`cachedb.fleet.trust`):
+    rows signed by a key of ``$CACHEDB_TRUSTED_KEYS`` (Ed25519 public keys), or any row with
+    ``remote_trust=True`` (default ``$CACHEDB_REMOTE_TRUST == "1"``: the risk accepted); with
+    neither, one warning and the remote is only written to. ``$CACHEDB_SIGNING_KEY`` (a
+    writer's private key) signs what is sent.
 
     ``write_behind`` (default ``$CACHEDB_WRITE_BEHIND``, on unless ``0``): FX graph and
     AOTAutograd entries are written by a background thread after torch's put returns
@@ -160,7 +167,7 @@ def install(
     """
     _disarm_watch()  # an explicit install replaces the environment's deferred activation
     _flush_active()  # a store this replaces writes its queue first
-    settings = _Settings.resolve(path, timeout_s, retune, remote, remote_timeout_s, write_behind)
+    settings = _Settings.resolve(path, timeout_s, retune, remote, remote_timeout_s, write_behind, remote_trust)
     try:
         import torch  # noqa: F401
     except ImportError as exc:
@@ -174,8 +181,10 @@ def install(
         if _active is not None:
             active_remote = _active[0].remote.url if _active[0].remote is not None else None
             same_writer = (_active[0].writer is not None) == settings.write_behind
+            active_trust = _active[0].remote.trust.accept_unsigned if _active[0].remote is not None else False
             if (_active[0].location == settings.location and active_remote == settings.remote
-                    and same_writer and _deferred is None):
+                    and same_writer and _deferred is None
+                    and (settings.remote is None or active_trust == settings.remote_trust)):
                 return _active[0]
             uninstall()
         store = settings.store(trust=trust)
@@ -195,11 +204,13 @@ class _Settings:
     remote: str | None
     remote_timeout_s: float
     write_behind: bool
+    remote_trust: bool = False
 
     @classmethod
     def resolve(cls, path: str | os.PathLike[str] | None = None, timeout_s: float | None = None,
                 retune: bool | None = None, remote: str | None = None,
-                remote_timeout_s: float | None = None, write_behind: bool | None = None) -> _Settings:
+                remote_timeout_s: float | None = None, write_behind: bool | None = None,
+                remote_trust: bool | None = None) -> _Settings:
         location = os.fspath(path) if path is not None else default_location()
         if "://" not in location:
             location = str(Path(location).expanduser().resolve())
@@ -211,10 +222,18 @@ class _Settings:
             remote_timeout_s=(remote_timeout_s if remote_timeout_s is not None
                               else float(os.environ.get(ENV_REMOTE_TIMEOUT) or DEFAULT_REMOTE_TIMEOUT_S)),
             write_behind=write_behind if write_behind is not None else write_behind_by_environment(),
+            remote_trust=remote_trust if remote_trust is not None else os.environ.get(ENV_REMOTE_TRUST) == "1",
         )
 
     def store(self, *, trust: bool = False) -> LiveStore:
-        tier = RemoteTier(self.remote, timeout_s=self.remote_timeout_s) if self.remote else None
+        tier = None
+        if self.remote:
+            try:
+                policy = TrustPolicy.from_environment(remote_trust=self.remote_trust)
+            except Exception as exc:  # a key that does not load: trust nothing (warned)
+                log.warning("cachedb: remote cache: %s; its entries are not used", exc)
+                policy = TrustPolicy(accept_unsigned=self.remote_trust)
+            tier = RemoteTier(self.remote, timeout_s=self.remote_timeout_s, trust=policy)
         return LiveStore(self.location, timeout_s=self.timeout_s, trust=trust, remote=tier,
                          write_behind=self.write_behind)
 
@@ -241,13 +260,15 @@ def _start(store: LiveStore, patches: list[_seams._Patch], settings: _Settings, 
     previous = {
         k: os.environ.get(k)
         for k in ("CACHEDB_PATH", "CACHEDB_URL", ENV_ENABLE, "PYTHONPATH", ENV_TRITON_MANAGER,
-                  ENV_TORCH_PYTHONPATH, ENV_REMOTE_URL, ENV_REMOTE_TIMEOUT, ENV_WRITE_BEHIND)
+                  ENV_TORCH_PYTHONPATH, ENV_REMOTE_URL, ENV_REMOTE_TIMEOUT, ENV_WRITE_BEHIND, ENV_REMOTE_TRUST)
     }
     remote = settings.remote
     child = child_environment(store.location, remote=remote, remote_timeout_s=settings.remote_timeout_s if remote else None)
     if not remote:
         child.pop(ENV_REMOTE_URL, None)
         child.pop(ENV_REMOTE_TIMEOUT, None)
+    elif settings.remote_trust:  # compile workers take what this process takes
+        child[ENV_REMOTE_TRUST] = "1"
     if not settings.write_behind or previous[ENV_WRITE_BEHIND] is not None:  # unset: on
         child[ENV_WRITE_BEHIND] = "1" if settings.write_behind else "0"
     user_manager = os.environ.get(ENV_TRITON_MANAGER)
@@ -454,6 +475,7 @@ def installed(
     remote_timeout_s: float | None = None,
     write_behind: bool | None = None,
     precompile: bool | None = None,
+    remote_trust: bool | None = None,
 ) -> Iterator[LiveStore]:
     """``with cachedb.installed("cache.db"): model = torch.compile(model); model(x)``
     (:func:`install`'s arguments; the queued writes, and with ``precompile`` the packages
@@ -464,7 +486,8 @@ def installed(
 
         before = dynamo_config.caching_precompile
     store = install(path, timeout_s=timeout_s, trust=trust, retune=retune, remote=remote,
-                    remote_timeout_s=remote_timeout_s, write_behind=write_behind, precompile=precompile)
+                    remote_timeout_s=remote_timeout_s, write_behind=write_behind, precompile=precompile,
+                    remote_trust=remote_trust)
     try:
         yield store
     finally:

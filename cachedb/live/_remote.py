@@ -57,6 +57,7 @@ from sqlalchemy.exc import IntegrityError
 
 from ..store import migrate
 from ..fleet import tier_sync as sync
+from ..fleet import trust as _trust
 from ..fleet.connections import IdleCloser, backoff, idle_seconds_from_environment, options_refused, transient
 from .._errors import SchemaTooNewError, SchemaTooOldError
 from ..db import CacheDB
@@ -112,7 +113,14 @@ class RemoteTier:
     ``lookup_statements`` (statements the lookups ran on the remote: its round trips),
     ``connections`` (opened to the remote), ``retries`` (transient refusals waited out),
     ``coalesce_timeouts`` (lookups that waited for another process's ask until the timeout),
-    ``dropped`` (queue full), ``failures``.
+    ``dropped`` (queue full), ``failures``, ``refused_rows`` (rows the trust policy did not
+    take), ``signed_rows`` (rows this writer signed before sending).
+
+    ``trust`` (default: from the environment, :meth:`~cachedb.fleet.trust.TrustPolicy.from_environment`)
+    decides what crosses in (:mod:`cachedb.fleet.trust`): rows whose Ed25519 signature a
+    trusted key verifies, or, with ``accept_unsigned`` (``CACHEDB_REMOTE_TRUST=1``), any; with
+    neither, the remote is not read at all (one warning) and only written. Rows taken are
+    recorded in the local file's ``row_origins``. A ``signing_key`` signs what is sent.
     """
 
     def __init__(
@@ -123,8 +131,10 @@ class RemoteTier:
         flush_timeout_s: float = 10.0,
         max_pending: int = DEFAULT_MAX_PENDING,
         idle_s: float | None = None,
+        trust: _trust.TrustPolicy | None = None,
     ) -> None:
         self.url = url
+        self._trust = trust
         self.timeout_s = timeout_s
         self.flush_timeout_s = flush_timeout_s
         self.max_pending = max_pending
@@ -150,6 +160,18 @@ class RemoteTier:
     def where(self) -> str:
         return self._db.where if self._db is not None else _redacted(self.url)
 
+    @property
+    def trust(self) -> _trust.TrustPolicy:
+        """The trust policy (read from the environment on first use; a key that does not
+        load is warned about once and trusts nothing)."""
+        if self._trust is None:
+            try:
+                self._trust = _trust.TrustPolicy.from_environment()
+            except Exception as exc:
+                self._trust = _trust.TrustPolicy()
+                self._warn_once("trust configuration", exc, seconds=None)
+        return self._trust
+
     # -- plumbing -----------------------------------------------------------------------------
 
     def _warn_once(self, what: str, exc: BaseException, *, seconds: float | None) -> None:
@@ -171,6 +193,25 @@ class RemoteTier:
             self.where, what, type(exc).__name__, str(exc).strip().splitlines()[0] if str(exc).strip() else "",
             then, what,
         )
+
+    def _warn_untrusted(self) -> None:
+        if "trust" in self._warned:
+            return
+        self._warned.add("trust")
+        log.warning(
+            "cachedb: remote cache %s: its entries are not used, because nothing says whose to trust "
+            "(they carry code this machine would run). Set CACHEDB_TRUSTED_KEYS to the writers' public "
+            "keys, or accept the risk with CACHEDB_REMOTE_TRUST=1 (install(remote_trust=True)); "
+            "this machine's own entries are still used and sent", self.where)
+
+    def _warn_refused(self, screened: _trust.Screened) -> None:
+        if "refused" in self._warned:
+            log.debug("cachedb: remote rows refused again: %d (first: %s)", screened.refused, screened.first_refused)
+            return
+        self._warned.add("refused")
+        log.warning(
+            "cachedb: remote cache %s: %d row(s) not taken: no signature a trusted key verifies "
+            "(first: %s); further refusals are not logged", self.where, screened.refused, screened.first_refused)
 
     def _after_fork(self) -> None:
         """In a forked child: a new queue and writer (the parent's thread is not here)."""
@@ -303,6 +344,10 @@ class RemoteTier:
         self._after_fork()
         if self.closed or entry in self._asked or time.monotonic() < self._read_down_until:
             return False
+        if not self.trust.reads:
+            self._asked.add(entry)
+            self._warn_untrusted()
+            return False
         deadline = time.monotonic() + self.timeout_s
         coalescer = self._coalescer(local)
         if coalescer is None:
@@ -334,9 +379,16 @@ class RemoteTier:
             return False
         self._asked.add(entry)
         if bundle:
+            screened = _trust.screen(bundle, self.trust)
+            if screened.refused:
+                self.counts["refused_rows"] += screened.refused
+                self._warn_refused(screened)
+        if bundle:
             sync.in_form_of(bundle, local.engine.dialect.name)  # before the local write lock
             with local.write() as repos:
                 added = sync.store(repos.session, bundle)  # type: ignore[arg-type]
+                _trust.record_origins(repos.session, bundle.entry.table, bundle.rows,  # type: ignore[arg-type]
+                                      screened.origins)
             self.counts["pull_hit"] += 1
             self.counts["pulled_rows"] += added
             log.debug("cachedb: remote hit %s: %d row(s) into the local cache", entry, added)
@@ -418,6 +470,10 @@ class RemoteTier:
                 bundles.append(bundle)
         if not bundles:
             return
+        key = self.trust.signing_key
+        if key is not None:
+            for bundle in bundles:
+                self.counts["signed_rows"] += _trust.sign_bundle(bundle, key)
         db = self._open(deadline, for_write=True)
         for bundle in bundles:  # the remote's form, before its transaction
             sync.in_form_of(bundle, db.engine.dialect.name)  # a kernel's blobs: below, only those the remote lacks

@@ -34,6 +34,7 @@ from ..repositories import local_values as local_values_repo
 from ..repositories import timings as timings_repo
 from ..repositories.timings import next_position
 from ._best_configs import BestConfigCopy, Refused
+from ..fleet import trust as _trust
 from ._remote import RemoteTier
 from ._writer import WriteBehind, enabled_by_environment
 
@@ -103,6 +104,7 @@ class LiveStore:
                     self._open_failed = True
                     self.warn_once("opening the database", exc)
                     raise _Unavailable() from exc
+                self._sweep(self._db)
                 reason = None if self.trust or self._db.path is None else untrusted_reason(self._db.path)
                 if reason is not None:
                     self.pickles_refused = reason
@@ -112,6 +114,23 @@ class LiveStore:
                         self.location, reason,
                     )
             return self._db
+
+    def _sweep(self, db: CacheDB) -> None:
+        """Delete the rows that crossed in from another database under a trust this process
+        no longer has (a key removed from ``CACHEDB_TRUSTED_KEYS``, remote trust off): they
+        are misses, then replaced (:func:`cachedb.fleet.trust.sweep`). One indexed query when
+        nothing is stale. Never raises (one warning)."""
+        try:
+            policy = self.remote.trust if self.remote is not None else _trust.TrustPolicy.from_environment()
+            with db.lookup() as repos:
+                stale = _trust.stale_origins(repos.session, policy)  # type: ignore[arg-type]
+            if stale:
+                with db.write() as repos:
+                    deleted = _trust.sweep(repos.session, policy, stale)  # type: ignore[arg-type]
+                log.warning("cachedb: %s: %d row(s) from another database no longer trusted (%s) were "
+                            "removed; they are looked up again", self.location, deleted, ", ".join(stale))
+        except Exception as exc:
+            self.warn_once("checking where rows came from", exc)
 
     def flush(self, timeout_s: float | None = None) -> bool:
         """Write every queued FX graph / AOTAutograd put now (:mod:`cachedb.live._writer`);

@@ -349,6 +349,7 @@ def insert_flat(conn: Connection, rows: Sequence[Mapping[str, Any]], *, skip_sto
                 "choice_hash": rows[i]["choice_hash"],
                 "timing_ms": rows[i]["timing_ms"],
                 "position": positions[i],
+                "ed25519_signature": rows[i].get("ed25519_signature"),
             }
             for i, run in zip(keep, row_runs)
         ],

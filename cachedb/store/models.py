@@ -32,7 +32,7 @@ __all__ = [
     "NEWEST_WINS_COMPARED", "VIEW_NAMES", "utcnow",
     "Base", "SystemFingerprint", "GuardedEntry", "AutotuneKey", "AutotuneRun", "AutotuneTiming",
     "LocalCacheValue", "BestConfig", "QuarantinedEntry", "CutlassOpList", "CutlassOp", "KernelBlob",
-    "KernelArtifact", "PgoProfile", "DynamoPackage",
+    "KernelArtifact", "PgoProfile", "DynamoPackage", "RowOrigin",
 ]
 
 
@@ -100,6 +100,7 @@ class GuardedEntry(Base):
     hit_count: Mapped[int]
     fingerprint_id: Mapped[Optional[int]]
     signature: Mapped[Optional[str]]
+    ed25519_signature: Mapped[Optional[str]]
 
     fingerprint: Mapped[Optional[SystemFingerprint]] = relationship()
 
@@ -160,6 +161,7 @@ class AutotuneTiming(Base):
     choice_hash: Mapped[str]
     timing_ms: Mapped[float]
     position: Mapped[int]
+    ed25519_signature: Mapped[Optional[str]]
 
     run: Mapped[AutotuneRun] = relationship()
 
@@ -181,6 +183,7 @@ class LocalCacheValue(Base):
     value_json: Mapped[str]
     position: Mapped[int]
     updated_at: Mapped[dt.datetime]
+    ed25519_signature: Mapped[Optional[str]]
 
     fingerprint: Mapped[SystemFingerprint] = relationship()
 
@@ -206,9 +209,27 @@ class BestConfig(Base):
     triton_cache_hash: Mapped[Optional[str]]
     kernel_kwargs: Mapped[Optional[str]]
     signature: Mapped[Optional[str]]
+    ed25519_signature: Mapped[Optional[str]]
     fingerprint_id: Mapped[Optional[int]]
     created_at: Mapped[dt.datetime]
     updated_at: Mapped[dt.datetime]
+
+
+class RowOrigin(Base):
+    """Where a row of a machine's local file came from, when it crossed into it from another
+    database (revision 0009; :data:`cachedb.store.tables.row_origins`): ``origin`` is
+    ``key:<key id>`` (Ed25519 signature verified under that trusted key) or ``accepted``
+    (unsigned, taken under ``CACHEDB_REMOTE_TRUST=1``); ``row_key`` the row's natural key.
+    Every table that carries code holds ``ed25519_signature``, ``<key id>:<base64>`` of the
+    writer's signature (:mod:`cachedb.fleet.trust`)."""
+
+    __table__ = tables.row_origins
+
+    id: Mapped[int]
+    table_name: Mapped[str]
+    row_key: Mapped[str]
+    origin: Mapped[str]
+    recorded_at: Mapped[dt.datetime]
 
 
 class QuarantinedEntry(Base):
@@ -248,6 +269,7 @@ class CutlassOpList(Base):
     size_bytes: Mapped[int]
     checksum: Mapped[str]
     created_at: Mapped[dt.datetime]
+    ed25519_signature: Mapped[Optional[str]]
 
     ops: Mapped[list[CutlassOp]] = relationship(
         back_populates="op_list", cascade="all, delete-orphan", passive_deletes=True
@@ -341,6 +363,7 @@ class KernelArtifact(Base):
     created_at: Mapped[dt.datetime]
     last_used_at: Mapped[dt.datetime]
     hit_count: Mapped[int]
+    ed25519_signature: Mapped[Optional[str]]
 
     blob: Mapped[KernelBlob] = relationship()
 
@@ -356,6 +379,7 @@ class _DynamoPayload:
     size_bytes: Mapped[int]
     checksum: Mapped[str]
     signature: Mapped[Optional[str]]
+    ed25519_signature: Mapped[Optional[str]]
     fingerprint_id: Mapped[Optional[int]]
     created_at: Mapped[dt.datetime]
     updated_at: Mapped[dt.datetime]

@@ -140,6 +140,7 @@ guarded_entries = Table(
     Column("hit_count", Integer, nullable=False, default=0),
     Column("fingerprint_id", Integer, ForeignKey("system_fingerprints.id", ondelete="SET NULL"), index=True),
     Column("signature", String(64)),
+    Column("ed25519_signature", Text),
     UniqueConstraint("kind", "key", "variant", name="uq_guarded_entries_kind_key_variant"),
 )
 
@@ -172,6 +173,7 @@ autotune_run_timings = Table(
     Column("choice_hash", Text, nullable=False),
     Column("timing_ms", Float, nullable=False),
     Column("position", BigInteger, nullable=False, index=True),
+    Column("ed25519_signature", Text),
     Index("ix_autotune_run_timings_run_id", "run_id"),
 )
 
@@ -185,6 +187,7 @@ local_cache_values = Table(
     Column("value_json", Text, nullable=False),
     Column("position", BigInteger, nullable=False, index=True),
     _utc_timestamp("updated_at"),
+    Column("ed25519_signature", Text),
     UniqueConstraint("fingerprint_id", "key_path", name="uq_local_cache_values_fp_key_path"),
 )
 
@@ -205,6 +208,7 @@ best_configs = Table(
     Column("fingerprint_id", Integer, ForeignKey("system_fingerprints.id", ondelete="SET NULL")),
     _utc_timestamp("created_at"),
     _utc_timestamp("updated_at"),
+    Column("ed25519_signature", Text),
 )
 
 quarantined_entries = Table(
@@ -234,6 +238,7 @@ cutlass_op_lists = Table(
     Column("size_bytes", BigInteger, nullable=False),
     Column("checksum", String(64), nullable=False),
     _utc_timestamp("created_at"),
+    Column("ed25519_signature", Text),
 )
 
 cutlass_ops = Table(
@@ -294,6 +299,7 @@ kernel_artifacts = Table(
     _utc_timestamp("created_at"),
     _utc_timestamp("last_used_at", index=True),
     Column("hit_count", Integer, nullable=False, default=0),
+    Column("ed25519_signature", Text),
     UniqueConstraint("kind", "host_key", "key", "name", name="uq_kernel_artifacts_kind_host_key_key_name"),
 )
 
@@ -315,6 +321,7 @@ def _dynamo_table(name: str, key_length: int) -> Table:
         _utc_timestamp("updated_at"),
         _utc_timestamp("last_used_at", index=True),
         Column("hit_count", Integer, nullable=False, default=0),
+        Column("ed25519_signature", Text),
     )
 
 
@@ -327,6 +334,25 @@ pgo_profiles = _dynamo_table("pgo_profiles", 512)
 #: ``DiskDynamoCache``, keyed by the compiled function's source id
 #: (``CompilePackage.source_id_from_fn``, torch/_dynamo/package.py).
 dynamo_packages = _dynamo_table("dynamo_packages", 128)
+
+
+#: Where a row of the local file came from, when it crossed into it from another database (a
+#: remote tier's pull, ``cachedb copy``/``merge --require-signed``), revision 0009: ``origin``
+#: is ``key:<key id>`` (its Ed25519 signature verified under that trusted key) or ``accepted``
+#: (taken unsigned under ``CACHEDB_REMOTE_TRUST=1``). Rows written here have none. A row whose
+#: origin the process's trust no longer allows is deleted when a live store opens
+#: (:func:`cachedb.fleet.trust.sweep`): a miss, then replaced. ``row_key`` is the row's natural
+#: key, a JSON array (:data:`cachedb.fleet.trust.ROW_KEYS`).
+row_origins = Table(
+    "row_origins",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("table_name", String(32), nullable=False),
+    Column("row_key", Text, nullable=False),
+    Column("origin", String(64), nullable=False, index=True),
+    _utc_timestamp("recorded_at"),
+    UniqueConstraint("table_name", "row_key", name="uq_row_origins_table_name_row_key"),
+)
 
 
 #: Views created by the migrations. Every timing flat (0004_compact_timings.py):
@@ -357,4 +383,5 @@ AUTOTUNE_TIMINGS = Table(
     Column("timing_ms", Float, nullable=False),
     Column("position", BigInteger, nullable=False),
     Column("recorded_at", DateTime(timezone=True), nullable=False),
+    Column("ed25519_signature", Text),  # revision 0009
 )

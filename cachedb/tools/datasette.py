@@ -145,6 +145,13 @@ TABLES: dict[str, dict[str, Any]] = {
                     "hit_count": "processes served", "updated_at": "the newer of two packages of a key wins"},
         "units": {"size_bytes": _BYTES},
     },
+    "row_origins": {
+        "description": "In a machine's file: the rows that crossed in from another database (a remote tier's "
+                       "pull, copy/merge --require-signed) and who vouched for them.",
+        "columns": {"row_key": "the row's natural key (JSON array)",
+                    "origin": "key:<key id> of the trusted Ed25519 key that verified it, or accepted (unsigned, "
+                              "taken under CACHEDB_REMOTE_TRUST=1)"},
+    },
     "alembic_version": {"description": "Schema revision (Alembic).", "hidden": True},
     # views
     "autotune_current": {
