@@ -169,28 +169,31 @@ def seam_owner() -> Any:
     ``AttributeError``/``ImportError`` naming what is missing."""
     th = importlib.import_module(_MODULE)
     owner = th.CachingAutotuner
-    for attr in ("recheck_autotune_cache", "is_statically_launchable", "_precompile_config", "_dynamic_scale_rblock"):
+    for attr in ("recheck_autotune_cache", "is_statically_launchable", "_precompile_config"):
         getattr(owner, attr)
-    for attr in ("check_autotune_cache", "triton_config_to_hashable", "dynamo_timed", "Config"):
+    for attr in ("check_autotune_cache", "triton_config_to_hashable", "dynamo_timed"):
         getattr(th, attr)
-    getattr(importlib.import_module(_AUTOTUNE_CACHE), "_load_cached_autotuning")
     return owner
 
 
 def patches() -> list[tuple[Any, str, Any]]:
-    """``(owner, name, new)`` for every autotune seam (see the module docstring): checked by
-    :func:`seam_owner` first. Triton's ``Config.__setstate__`` is wrapped only where Triton
-    defines one (without it, pickle keeps every attribute)."""
+    """``(owner, name, new)`` for every autotune seam (see the module docstring): what
+    :func:`seam_owner` checks is required; the three winner-keeping seams are wrapped where the
+    installed torch and Triton define what they wrap (a release without ``_dynamic_scale_rblock``
+    adds no launchers to widen; a Triton ``Config`` without ``__setstate__`` pickles every
+    attribute), so a release that drops one still installs."""
     owner = seam_owner()
     th = importlib.import_module(_MODULE)
+    found: list[tuple[Any, str, Any]] = [(owner, "recheck_autotune_cache", recheck_autotune_cache)]
+    scale = getattr(owner, "_dynamic_scale_rblock", None)
+    if scale is not None:
+        found.append((owner, "_dynamic_scale_rblock", wrap_dynamic_scale_rblock(scale)))
     autotune_cache = importlib.import_module(_AUTOTUNE_CACHE)
-    found = [
-        (owner, "recheck_autotune_cache", recheck_autotune_cache),
-        (owner, "_dynamic_scale_rblock", wrap_dynamic_scale_rblock(owner._dynamic_scale_rblock)),
-        (autotune_cache, "_load_cached_autotuning", wrap_load_cached_autotuning(autotune_cache._load_cached_autotuning)),
-    ]
-    config_cls = th.Config
-    setstate = vars(config_cls).get("__setstate__")
+    load = getattr(autotune_cache, "_load_cached_autotuning", None)
+    if load is not None and hasattr(th, "Config"):
+        found.append((autotune_cache, "_load_cached_autotuning", wrap_load_cached_autotuning(load)))
+    config_cls = getattr(th, "Config", None)
+    setstate = vars(config_cls).get("__setstate__") if config_cls is not None else None
     if setstate is not None:
         found.append((config_cls, "__setstate__", wrap_config_setstate(setstate)))
     return found
