@@ -1,10 +1,12 @@
-"""``python -m benchmarks [--quick] [--only NAME,...] [--device cpu|cuda] [--out DIR] [--keep-scratch]``.
+"""``python -m benchmarks [--quick] [--only NAME,...] [--device cpu|cuda] [--nproc N] [--out DIR] [--merge] [--keep-scratch]``.
 
 Runs the selected sections in one process (warm starts and concurrency use subprocesses),
 prints the Markdown table of ratios and writes it with the JSON document to ``--out``
 (default ``benchmarks/results/``): ``cpu.md`` / ``cpu.json`` for a full CPU run, ``gpu.md`` /
 ``gpu.json`` for a run with ``--device cuda``, ``cpu-<sections>.md`` / ``.json`` for a CPU
-run of some sections (``-quick`` added for ``--quick``); ``--name`` chooses another stem.
+run of some sections (``-quick`` added for ``--quick``); ``--name`` chooses another stem, and
+``--merge`` adds the run's sections to those files instead of replacing them. ``--nproc N``
+runs §13's DDP workload on N GPUs.
 """
 
 from __future__ import annotations
@@ -35,12 +37,15 @@ from . import (  # noqa: E402
     s9_startup,
     s10_dynamo,
     s11_herd,
+    s12_gpt2,
+    s13_ddp,
 )
 from ._context import Context  # noqa: E402
 from ._report import (  # noqa: E402
     SectionResult,
     cachedb_source_digest,
     machine_info,
+    merged,
     now_iso,
     result_name,
     write,
@@ -51,11 +56,11 @@ from ._report import (  # noqa: E402
 SECTIONS: dict[str, object] = {
     m.NAME: m
     for m in (s1_warm_start, s2_timings, s3_best_configs, s4_guarded, s5_import, s6_concurrency, s7_disk,
-              s8_fleet, s9_startup, s10_dynamo, s11_herd)
+              s8_fleet, s9_startup, s10_dynamo, s11_herd, s12_gpt2, s13_ddp)
 }
 #: Display order (§ numbers of the issue).
 ORDER = ["warm_start", "timings", "best_configs", "guarded", "import", "concurrency", "disk", "fleet", "startup",
-         "pgo", "herd"]
+         "pgo", "herd", "gpt2", "ddp"]
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 
@@ -79,7 +84,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                         help="§1 warm start and §10 Dynamo: CPU workloads, or the GPU workloads on a CUDA machine")
-    return parser.parse_args(argv)
+    parser.add_argument("--nproc", type=int, default=0, metavar="N",
+                        help="§13 ddp: the DDP training workload on N GPUs through torch.distributed.run (default: not run)")
+    parser.add_argument("--merge", action="store_true",
+                        help="add this run's sections to the files of the same name in --out (a section run again "
+                             "replaces its old figures) instead of replacing the files")
+    args = parser.parse_args(argv)
+    if args.nproc < 0:
+        parser.error("--nproc must be >= 0")
+    return args
 
 
 def _compile_bytecode() -> str:
@@ -141,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"unknown section(s): {', '.join(unknown)}; known: {', '.join(ORDER)}", file=sys.stderr)
         return 2
     scratch = Path(tempfile.mkdtemp(prefix="cachedb-bench-", dir=args.scratch))
-    ctx = Context(quick=args.quick, scratch=scratch, verbose=not args.quiet, device=args.device)
+    ctx = Context(quick=args.quick, scratch=scratch, verbose=not args.quiet, device=args.device, nproc=args.nproc)
     installed_bytecode = _installed_bytecode()  # first: it may move every module's bytecode
     bytecode = _compile_bytecode()
     load_start = _loadavg()
@@ -188,6 +201,8 @@ def main(argv: list[str] | None = None) -> int:
         "load_average_1min": {"start": load_start, "end": _loadavg()},
     }
     stem = args.name or result_name(args.device, [n for n in ORDER if n in names], list(ORDER), args.quick)
+    if args.merge:
+        ordered, meta = merged(args.out / f"{stem}.json", ordered, meta, list(ORDER))
     json_path, md_path, md = write(args.out, ordered, meta, stem)
     print(md)
     print(f"wrote {json_path} and {md_path}", file=sys.stderr)

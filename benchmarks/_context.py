@@ -31,6 +31,8 @@ class Context:
     verbose: bool = True
     #: "cpu" (torch 2.13 CPU, CI) or "cuda" (the GPU machine: §1's GPU workloads)
     device: str = "cpu"
+    #: GPUs (ranks) of §13's DDP workload; 0: not run
+    nproc: int = 0
     shared: dict[str, Any] = field(default_factory=dict)
     started: float = field(default_factory=time.perf_counter)
 

@@ -4,6 +4,10 @@ A max-autotune MLP in two precisions, a
 transformer block forward+backward with coordinate-descent tuning, and dynamic-shape graphs.
 Sizes are kept small enough that a cold compile takes about a minute. Each workload returns
 ``{"ok": bool}`` (compiled output close to eager).
+
+§12 (:mod:`benchmarks.s12_models`) adds GPT-2 small (``gpt2``: Hugging Face ``transformers``,
+built from ``GPT2Config``, no weights) and the DDP training step its ranks run
+(:func:`ddp_training`, :mod:`benchmarks._ddp_child`).
 """
 
 from __future__ import annotations
@@ -91,4 +95,85 @@ def dynamic(torch: Any) -> dict[str, Any]:
     return {"ok": ok}
 
 
-WORKLOADS = {"mlp_autotune": mlp_autotune, "transformer": transformer_block, "dynamic_gpu": dynamic}
+def gpt2(torch: Any) -> dict[str, Any]:
+    """GPT-2 small (``GPT2LMHeadModel(GPT2Config())``: 12 layers, 768 wide, random weights,
+    dropout off) in bf16: a training step (forward with the LM loss, backward; AdamW outside
+    the compiled graph), then inference at 128 and 512 tokens. Default ``torch.compile``
+    settings, as most users start. Raises ImportError without ``transformers``."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    model = GPT2LMHeadModel(config).to("cuda", torch.bfloat16)
+    compiled = torch.compile(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    ids = torch.randint(0, config.vocab_size, (8, 256), device="cuda")
+    model.train()
+    loss = compiled(ids, labels=ids).loss
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    ok = bool(torch.isfinite(loss).item())
+    model.eval()
+    with torch.no_grad():
+        for length in (128, 512):
+            x = torch.randint(0, config.vocab_size, (4, length), device="cuda")
+            got, ref = compiled(x).logits.float(), model(x).logits.float()
+            ok &= bool((got - ref).abs().max().item() <= 0.1 * ref.abs().max().item())
+    return {"ok": ok}
+
+
+class TwoBlocks(torch.nn.Module):
+    """Two :class:`Block` s: the model the DDP ranks train."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = torch.nn.Sequential(Block(), Block())
+
+    def forward(self, x: Any) -> Any:
+        return self.blocks(x)
+
+
+def ddp_training(torch: Any, rank: int) -> dict[str, float | bool]:
+    """What each rank of :mod:`benchmarks._ddp_child` compiles: a DDP-wrapped two-block
+    transformer training step in bf16 with ``coordinate_descent_tuning=True`` (forward,
+    backward with DDP's gradient all-reduce, an SGD step), then a max-autotune MLP in bf16.
+    Returns each part's first call in seconds and ``ok``."""
+    import time
+
+    from torch._inductor import config as inductor_config
+    from torch.nn.parallel import DistributedDataParallel
+
+    seconds: dict[str, float | bool] = {}
+    torch.manual_seed(0)
+    model = DistributedDataParallel(TwoBlocks().to("cuda", torch.bfloat16), device_ids=[rank])
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    torch.manual_seed(1 + rank)
+    x = torch.randn(8, 256, 512, device="cuda", dtype=torch.bfloat16)
+    t = time.perf_counter()
+    with inductor_config.patch(coordinate_descent_tuning=True):
+        compiled = torch.compile(model)
+        loss = compiled(x).float().pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+    seconds["ddp_step"] = time.perf_counter() - t
+    ok = bool(torch.isfinite(loss).item())
+
+    t = time.perf_counter()
+    torch.manual_seed(0)
+    mlp = torch.nn.Sequential(torch.nn.Linear(1024, 2048), torch.nn.GELU(),
+                              torch.nn.Linear(2048, 1024)).to("cuda", torch.bfloat16).eval()
+    cmlp = torch.compile(mlp, mode="max-autotune-no-cudagraphs")
+    y = torch.randn(512, 1024, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        out = cmlp(y)
+        torch.cuda.synchronize()
+        seconds["mlp_autotune"] = time.perf_counter() - t
+        ok &= bool(torch.allclose(out.float(), mlp(y).float(), atol=5e-2, rtol=5e-2))
+    seconds["ok"] = ok
+    return seconds
+
+
+WORKLOADS = {"mlp_autotune": mlp_autotune, "transformer": transformer_block, "dynamic_gpu": dynamic, "gpt2": gpt2}

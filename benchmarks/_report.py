@@ -101,7 +101,8 @@ def machine_info() -> dict[str, Any]:
     gpu = None
     try:
         if torch_version is not None and torch.cuda.is_available():
-            gpu = torch.cuda.get_device_name(0)
+            count = torch.cuda.device_count()
+            gpu = torch.cuda.get_device_name(0) if count == 1 else f"{count}x {torch.cuda.get_device_name(0)}"
     except Exception:  # a broken CUDA set-up: the report says no GPU rather than failing
         gpu = None
     return {
@@ -180,6 +181,12 @@ def markdown(results: list[SectionResult], meta: dict[str, Any]) -> str:
         f"{meta.get('load_average_1min', {}).get('end')} at end. Values: median [p10–p90] over n repetitions; "
         "ratio = cachedb median / baseline median (for times, < 1 means cachedb is faster).",
         "",
+    ]
+    for run in meta.get("earlier_runs", []):
+        em = run.get("machine") or {}
+        lines += [f"Sections {', '.join(run['sections'])} come from the run of {run['created']} (`{run['command']}`; "
+                  f"{em.get('gpu') or em.get('cpu')}, torch {em.get('torch')}).", ""]
+    lines += [
         "| § | case | unit | cachedb | baseline | vs | ratio | n (cachedb/base) | target | met |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -240,6 +247,55 @@ def write(out_dir: Path, results: list[SectionResult], meta: dict[str, Any], nam
     json_path.write_text(json.dumps(document(results, meta), indent=1, sort_keys=False) + "\n")
     md_path.write_text(md)
     return json_path, md_path, md
+
+
+def _dist(doc: dict[str, Any] | None) -> Dist | None:
+    if doc is None:
+        return None
+    return Dist(**{k: doc[k] for k in ("n", "unit", "median", "p10", "p90", "q1", "q3", "min", "max")})
+
+
+def load_sections(doc: dict[str, Any]) -> list[SectionResult]:
+    """The sections of a written JSON document, as :class:`SectionResult` objects."""
+    out = []
+    for name, sec in doc.get("sections", {}).items():
+        res = SectionResult(name, sec["title"], notes=list(sec.get("notes", [])), extra=sec.get("extra", {}),
+                            seconds=sec.get("seconds", 0.0), error=sec.get("error"),
+                            load_average=tuple(sec.get("load_average_1min") or (None, None)))  # type: ignore[arg-type]
+        res.rows = [Row(r["case"], _dist(r["cachedb"]), _dist(r["baseline"]), r.get("baseline_name", ""),
+                        r.get("target", ""), r.get("met"), r.get("note", "")) for r in sec.get("rows", [])]
+        out.append(res)
+    return out
+
+
+def merged(path: Path, results: list[SectionResult], meta: dict[str, Any],
+           order: list[str]) -> tuple[list[SectionResult], dict[str, Any]]:
+    """This run's ``results`` and ``meta`` merged into the document at ``path`` (if any): the
+    earlier run's sections that this run did not measure are kept, each noting the run it
+    came from, and ``meta["earlier_runs"]`` lists those runs."""
+    if not path.exists():
+        return results, meta
+    old = json.loads(path.read_text())
+    fresh = {r.name for r in results}
+    kept = [r for r in load_sections(old) if r.name not in fresh]
+    if not kept:
+        return results, meta
+    m = old.get("machine", {})
+    origin = (f"measured in the run of {old.get('created')} (`{old.get('command')}`; "
+              f"{m.get('gpu') or m.get('cpu')}, torch {m.get('torch')})")
+    for res in kept:
+        if not any(n.startswith("measured in the run of") for n in res.notes):
+            res.notes.insert(0, origin)
+    before = [run for run in old.get("earlier_runs", []) if set(run["sections"]) & {r.name for r in kept}]
+    attributed = {name for run in before for name in run["sections"]}
+    own = [r.name for r in kept if r.name not in attributed]  # measured in the old document's own run
+    earlier = [{**run, "sections": [n for n in run["sections"] if n not in fresh]} for run in before]
+    if own:
+        earlier.append({"created": old.get("created"), "command": old.get("command"), "sections": own, "machine": m})
+    everything = {r.name: r for r in [*kept, *results]}
+    ordered = [everything[n] for n in order if n in everything]
+    meta = {**meta, "sections_run": [r.name for r in ordered], "earlier_runs": earlier}
+    return ordered, meta
 
 
 def now_iso() -> str:

@@ -25,6 +25,10 @@ parallel compile workers; ``cpu`` (default) runs ``examples/build_cache.py``'s w
 one compile thread. ``first_call_s`` is the sum of the workloads' first calls (compile and
 run): the "compile time of first calls" the issues compare.
 
+On ``cuda`` the report's ``tuning_calls`` counts the calls of ``CoordescTuner.autotune`` and
+``InductorBenchmarker.benchmark_gpu`` (:mod:`benchmarks._tuning_calls`), beside the counter
+growth ``runtime_*`` measures.
+
 ``--t0`` is the parent's ``time.time()`` just before it started this process, so the reported
 ``wall_s`` covers interpreter start, imports, setup and the compiles (not the teardown, nor
 ``--save-mega``). Prints one JSON line with the breakdown: imports, setup, each model, time in
@@ -194,8 +198,12 @@ def main(argv: list[str] | None = None) -> int:
     cpp_builder.CppBuilder.build = timed_build  # type: ignore[method-assign]
 
     runtime_tuning = {"runtime_coordesc_tuning_bench": 0, "runtime_benchmark_gpu": 0}
+    tuning_calls: dict[str, Any] = {}
     if args.device == "cuda":
+        from benchmarks._tuning_calls import count_tuning_calls
+
         _count_runtime_tuning(runtime_tuning)
+        tuning_calls = count_tuning_calls()
     if args.trace_coordesc:
         _trace_coordesc(args.trace_coordesc)
     launchers: dict[str, str] = {}
@@ -279,6 +287,7 @@ def main(argv: list[str] | None = None) -> int:
                 "cpp_builds": cpp["n"],
                 "counters": flat,
                 "remote_counts": remote_counts,
+                "tuning_calls": tuning_calls,
                 "frames": int(counters["frames"]["total"]),
                 "unique_graphs": int(counters["stats"]["unique_graphs"]),
                 "dynamo_cache": {k: int(v) for k, v in counters["dynamo_cache"].items()},

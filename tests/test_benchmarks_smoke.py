@@ -112,3 +112,81 @@ def test_quick_herd_serves_every_process_from_the_remote(tmp_path: Path) -> None
         if mode != "redis":
             assert max(herd["pulls_per_entry_machine"]) == 1 and max(herd["pushes_per_machine"]) == 1, (mode, herd)
     assert herds["pgbouncer"]["peak_connections"] <= 10
+
+
+def test_model_sections_skip_with_one_line_off_the_gpu(tmp_path: Path) -> None:
+    """``--only gpt2,ddp --nproc 2`` on a machine without CUDA: each section says in one line
+    why it measured nothing (no rows, no error), and the run succeeds."""
+    out = tmp_path / "results"
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--only", "gpt2,ddp", "--nproc", "2", "--out", str(out),
+         "--scratch", str(tmp_path), "--quiet"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    sections = json.loads((out / "cpu-gpt2-ddp.json").read_text())["sections"]
+    for name in ("gpt2", "ddp"):
+        assert sections[name]["error"] is None and sections[name]["rows"] == []
+        assert len(sections[name]["notes"]) == 1 and sections[name]["notes"][0].startswith("skipped: ")
+
+
+def test_gpt2_skips_without_transformers_and_ddp_without_enough_gpus() -> None:
+    import importlib.util
+
+    from benchmarks import s12_gpt2, s13_ddp
+
+    if importlib.util.find_spec("transformers") is None:
+        assert s12_gpt2.skip_reason("cuda") == "skipped: transformers is not installed (pip install transformers)"
+    assert s12_gpt2.skip_reason("cpu") is not None
+    assert s13_ddp.skip_reason("cuda", 0, 8) == "skipped: --nproc N (N >= 1) runs the DDP workload on N GPUs"
+    assert s13_ddp.skip_reason("cuda", 4, 2) == "skipped: --nproc 4 needs 4 GPUs, this machine has 2"
+    assert s13_ddp.skip_reason("cuda", 2, 2) is None
+
+
+def test_nproc_starts_the_ranks_through_torch_distributed_run(tmp_path: Path) -> None:
+    from benchmarks.__main__ import parse_args
+    from benchmarks.s13_ddp import launch_command, workers
+
+    assert parse_args(["--device", "cuda", "--nproc", "2"]).nproc == 2
+    assert parse_args([]).nproc == 0
+    with pytest.raises(SystemExit):
+        parse_args(["--nproc", "-1"])
+    cmd = launch_command(2, "cachedb", tmp_path / "c", tmp_path / "o", 1.5, db=str(tmp_path / "d.db"), save_mega=True)
+    assert cmd[1:8] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
+                        "benchmarks._ddp_child"]
+    assert cmd[8:] == ["cachedb", "--cache-dir", str(tmp_path / "c"), "--out", str(tmp_path / "o"), "--t0", "1.5",
+                       "--db", str(tmp_path / "d.db"), "--save-mega"]
+    assert 1 <= workers(2) <= 16
+    from benchmarks._ddp_child import parse_args as child_args  # each rank parses what the command passes
+
+    parsed = child_args(cmd[8:])
+    assert (parsed.mode, parsed.db, parsed.save_mega, parsed.t0) == ("cachedb", str(tmp_path / "d.db"), True, 1.5)
+
+
+def test_merge_keeps_the_sections_a_run_did_not_measure(tmp_path: Path) -> None:
+    """``--merge``: a section this run measured replaces its old figures; the others stay,
+    each noting the run it came from."""
+    from benchmarks._report import Row, SectionResult, merged, write
+    from benchmarks._stats import summarize
+
+    meta = {"created": "then", "command": "python -m benchmarks --only warm_start", "quick": False, "partial": True,
+            "sections_run": ["warm_start", "ddp"], "machine": {"cpu": "c", "cores": 1, "gpu": "NVIDIA H200",
+                                                              "python": "3", "torch": "2.11", "sqlite": "3"}}
+    old = [SectionResult("warm_start", "W", rows=[Row("a", summarize([1.0, 2.0], "s"), summarize([2.0], "s"), "b")]),
+           SectionResult("ddp", "D", notes=["old ddp"])]
+    write(tmp_path, old, meta, "gpu")
+    new = [SectionResult("ddp", "D", notes=["new ddp"])]
+    ordered, merged_meta = merged(tmp_path / "gpu.json", new, {**meta, "created": "now"}, ["warm_start", "ddp"])
+    assert [r.name for r in ordered] == ["warm_start", "ddp"]
+    assert ordered[1].notes == ["new ddp"]
+    assert ordered[0].notes[0].startswith("measured in the run of then")
+    assert ordered[0].rows[0].cachedb is not None and ordered[0].rows[0].ratio == 0.75
+    assert merged_meta["earlier_runs"][0]["sections"] == ["warm_start"]
+    _, md_path, md = write(tmp_path, ordered, merged_meta, "gpu")
+    assert "Sections warm_start come from the run of then" in md
+    # a third run: each kept section stays attributed to the run that measured it
+    third = [SectionResult("gpt2", "G", notes=["gpt2"])]
+    ordered, meta3 = merged(tmp_path / "gpu.json", third, {**meta, "created": "later"}, ["warm_start", "ddp", "gpt2"])
+    assert [r.name for r in ordered] == ["warm_start", "ddp", "gpt2"]
+    assert [(run["created"], run["sections"]) for run in meta3["earlier_runs"]] == [("then", ["warm_start"]),
+                                                                                   ("now", ["ddp"])]

@@ -21,8 +21,11 @@ compile needs it)
 Triton's ``CacheManager`` (``TRITON_CACHE_MANAGER``,     ``kernel_artifacts`` (kind ``triton``)
 set by :func:`cachedb.install`; checked when Triton is
 installed)
-``CachingAutotuner.recheck_autotune_cache`` (when       ``best_configs`` (no re-tuning of stored
-Triton is installed; not with ``retune=True``)          winners, :mod:`cachedb.live._autotune`)
+``CachingAutotuner.recheck_autotune_cache``,           ``best_configs`` (no re-tuning of stored
+``CachingAutotuner._dynamic_scale_rblock``,             winners, :mod:`cachedb.live._autotune`)
+``autotune_cache._load_cached_autotuning``,
+Triton's ``Config.__setstate__`` (when Triton is
+installed; not with ``retune=True``)
 ``torch._dynamo.pgo``: ``get_local_code_state``,        ``pgo_profiles`` (:mod:`cachedb.live._pgo`;
 ``put_local_code_state``,                               the remote PGO halves stay torch's)
 ``PGOCacheArtifact.populate_cache`` (Mega-Cache)
@@ -486,10 +489,10 @@ def _autotune_seams() -> list[_Patch]:
     from . import _autotune
 
     try:
-        owner = _autotune.seam_owner()
+        found = _autotune.patches()
     except (ImportError, AttributeError) as exc:
         raise SeamMissingError(f"torch seam missing: CachingAutotuner.recheck_autotune_cache ({exc})") from exc
-    return [_Patch(owner, "recheck_autotune_cache", _autotune.recheck_autotune_cache)]
+    return [_Patch(owner, name, new) for owner, name, new in found]
 
 
 def module_patches(name: str, store: LiveStore, *, retune: bool = False) -> list[_Patch]:
