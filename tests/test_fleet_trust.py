@@ -32,10 +32,8 @@ from cachedb.fleet.trust import (
     SIGNED_TABLES,
     TrustPolicy,
     row_message,
-    sign_database,
     signers,
 )
-from cachedb.live import _artifacts
 from cachedb.live._remote import RemoteTier
 from cachedb.live._store import LiveStore
 from cachedb.store.payload import pack
@@ -247,7 +245,6 @@ def test_a_signed_database_copies_and_its_signers_are_recorded(real_cache: tuple
                                                                 tmp_path: Path) -> None:
     """``cachedb fleet sign`` signs a writer's own file; ``copy --require-signed`` takes it
     and records every row's signer in the machine's file; ``fleet signers`` counts them."""
-    writer = SigningKey.generate()
     files = _real_files(real_cache[0])
     own = LiveStore(str(tmp_path / "own.db"))
     _fill_machine_a(own, files, _timings_doc(real_cache[0]))

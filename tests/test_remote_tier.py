@@ -84,8 +84,6 @@ def test_machine_b_starts_warm_from_what_machine_a_compiled(tmp_path: Path, pg_u
     logs in with the read-only role and holds only A's public key."""
     from sqlalchemy.engine import make_url
 
-    from cachedb.store.signing import SigningKey
-
     tag = uuid.uuid4().hex[:8]
     roles = [f"cdb_a_{tag}", f"cdb_b_{tag}", f"cdb_w_{tag}", f"cdb_r_{tag}"]
     owner = [sys.executable, "-m", "cachedb", "--db", pg_url]
