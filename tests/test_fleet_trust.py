@@ -468,3 +468,36 @@ def test_a_signature_covers_every_signed_field(table: str, data: st.DataObject) 
     else:
         changed[name] = f"{row[name]}x" if row[name] is not None else "x"
     assert _trusting(writer).signer_of(table, changed) is None
+
+
+def test_a_revoked_key_removes_rows_of_every_kind(real_cache: tuple[Path, dict], tmp_path: Path, pg_url: str) -> None:
+    """Every kind pulled under a key (FX graph and AOTAutograd variants, kernel files, best
+    configs, Dynamo's caches, CUTLASS op lists, timings) is deleted from the machine's file by
+    the sweep of a trust that no longer holds the key; what the machine wrote itself stays."""
+    from cachedb.fleet.trust import stale_origins, sweep
+
+    writer, other = SigningKey.generate(), SigningKey.generate()
+    data = _writer_fills(pg_url, tmp_path, writer, real_cache)
+    legit = _legit_entries(data)
+    local = CacheDB(tmp_path / "machine.db")
+    with local.write() as repos:  # the machine's own row
+        repos.best_configs.put("zz/own.best_config", '{"XBLOCK": 8, "num_warps": 1, "num_stages": 1}')
+    consumer = RemoteTier(pg_url, trust=_trusting(writer, other))
+    try:
+        assert all(consumer.pull(e, local) for e in legit)
+    finally:
+        consumer.close()
+    tables = ("guarded_entries", "kernel_artifacts", "best_configs", "pgo_profiles", "dynamo_packages",
+              "cutlass_op_lists", "autotune_run_timings")
+    before = {t: _rows(str(tmp_path / "machine.db"), f"SELECT count(*) FROM {t}")[0][0] for t in tables}
+    assert all(before.values()), before
+    with local.write() as repos:
+        assert stale_origins(repos.session, _trusting(writer, other)) == []
+        assert stale_origins(repos.session, _trusting(other)) == [f"key:{writer.key_id}"]
+        deleted = sweep(repos.session, _trusting(other))
+    local.close()
+    after = {t: _rows(str(tmp_path / "machine.db"), f"SELECT count(*) FROM {t}")[0][0] for t in tables}
+    assert after == {**{t: 0 for t in tables}, "best_configs": 1}, after
+    assert deleted == sum(before.values()) - 1
+    assert _rows(str(tmp_path / "machine.db"), "SELECT key FROM best_configs") == [("zz/own.best_config",)]
+    assert _rows(str(tmp_path / "machine.db"), "SELECT count(*) FROM row_origins") == [(0,)]
