@@ -28,23 +28,18 @@ def count_tuning_calls() -> dict[str, Any]:
     from torch._inductor.runtime.triton_heuristics import CachingAutotuner
 
     counts: dict[str, Any] = {"coordesc_calls": 0, "benchmark_gpu_calls": 0, "kernels": [], "benchmarked": []}
-    tuner = coordinate_descent_tuner.CoordescTuner
-    autotune = tuner.autotune
 
-    def counted_autotune(self: Any, *a: Any, **k: Any) -> Any:
-        counts["coordesc_calls"] += 1
-        return autotune(self, *a, **k)
+    def count(cls: Any, name: str, key: str) -> None:
+        original = getattr(cls, name)
 
-    tuner.autotune = counted_autotune  # type: ignore[method-assign]
+        def counted(self: Any, *a: Any, **k: Any) -> Any:
+            counts[key] += 1
+            return original(self, *a, **k)
 
-    bench_cls = benchmarking.InductorBenchmarker
-    benchmark_gpu = bench_cls.benchmark_gpu
+        setattr(cls, name, counted)
 
-    def counted_benchmark_gpu(self: Any, *a: Any, **k: Any) -> Any:
-        counts["benchmark_gpu_calls"] += 1
-        return benchmark_gpu(self, *a, **k)
-
-    bench_cls.benchmark_gpu = counted_benchmark_gpu  # type: ignore[method-assign]
+    count(coordinate_descent_tuner.CoordescTuner, "autotune", "coordesc_calls")
+    count(benchmarking.InductorBenchmarker, "benchmark_gpu", "benchmark_gpu_calls")
 
     coordesc = CachingAutotuner.coordinate_descent_tuning
 

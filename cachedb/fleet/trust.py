@@ -33,7 +33,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, and_, delete, insert, select, update
+from sqlalchemy import Connection, and_, bindparam, delete, insert, select, update
 
 from .._errors import CacheDBError, CorruptPayloadError
 from ..store.bulk import utc
@@ -214,18 +214,15 @@ def screen_rows(table: str, rows: list[dict[str, Any]], policy: TrustPolicy,
     kept: list[dict[str, Any]] = []
     for row in rows:
         origin: str | None = None
-        if table not in SIGNED_TABLES:
-            origin = ACCEPTED if policy.accept_unsigned else None
-        else:
-            kid = policy.signer_of(table, row)
-            if kid is not None and _content_ok(table, row, blobs or {}):
-                origin = f"key:{kid}"
-            elif policy.accept_unsigned:
-                origin = ACCEPTED
+        kid = policy.signer_of(table, row)
+        if kid is not None and _content_ok(table, row, blobs or {}):
+            origin = f"key:{kid}"
+        elif policy.accept_unsigned:
+            origin = ACCEPTED
         if origin is None:
             result.refused += 1
             if result.first_refused is None:
-                result.first_refused = f"{table} {row_key(table, row) if table in ROW_KEYS else ''}"
+                result.first_refused = f"{table} {row_key(table, row)}"
             continue
         kept.append(row)
         result.origins.append(origin)
@@ -350,10 +347,12 @@ def signed_rows(conn: Connection, table: str, *, columns: Sequence[str] = ()) ->
     if "fingerprint_id" in t.c:
         source = source.outerjoin(_F, t.c.fingerprint_id == _F.c.id)
         cols.append(_F.c.fingerprint_key.label("fp_key"))
-    if table == "kernel_artifacts":
+    if table == "kernel_artifacts":  # the blob's SHA-256 (and, asked for as ``payload``, its bytes)
         blobs = _T["kernel_blobs"]
         source = source.join(blobs, t.c.blob_id == blobs.c.id)
         cols.append(blobs.c.sha256)
+        if "payload" in columns:
+            cols += [blobs.c.payload.label("blob_payload"), blobs.c.size_bytes.label("blob_size_bytes")]
     stmt = select(*cols).select_from(source).order_by(t.c.id).execution_options(yield_per=500)
     for mapping in conn.execute(stmt).mappings():
         row = dict(mapping)
@@ -370,10 +369,11 @@ def sign_database(conn: Connection, key: SigningKey) -> dict[str, int]:
     out: dict[str, int] = {}
     for table in SIGNED_TABLES:
         target = _T["autotune_run_timings"] if table == "autotune_timings" else _T[table]
-        todo = [r for r in signed_rows(conn, table) if not r.get("ed25519_signature")]
-        for row in todo:
-            conn.execute(update(target).where(target.c.id == row["id"])
-                         .values(ed25519_signature=key.sign(row_message(table, row))))
+        todo = [{"row_id": r["id"], "new_signature": key.sign(row_message(table, r))}
+                for r in signed_rows(conn, table) if not r.get("ed25519_signature")]
+        if todo:  # one executemany per table
+            conn.execute(update(target).where(target.c.id == bindparam("row_id"))
+                         .values(ed25519_signature=bindparam("new_signature")), todo)
         out[table] = len(todo)
     return out
 
@@ -387,15 +387,11 @@ def check_source(conn: Connection, policy: TrustPolicy, where: str) -> list[tupl
     first: str | None = None
     origins: list[tuple[str, str, str]] = []
     for table in SIGNED_TABLES:
-        extra = ("payload", "size_bytes") if table in _PAYLOAD_TABLES else ()
-        blobs_t = _T["kernel_blobs"]
+        extra = ("payload", "size_bytes") if table in _PAYLOAD_TABLES or table == "kernel_artifacts" else ()
         for row in signed_rows(conn, table, columns=extra):
             blobs: dict[str, dict[str, Any]] = {}
             if table == "kernel_artifacts":
-                found = conn.execute(select(blobs_t.c.payload, blobs_t.c.size_bytes)
-                                     .where(blobs_t.c.sha256 == row["sha256"])).first()
-                if found is not None:
-                    blobs[row["sha256"]] = {"payload": found[0], "size_bytes": found[1]}
+                blobs[row["sha256"]] = {"payload": row.pop("blob_payload"), "size_bytes": row.pop("blob_size_bytes")}
             kid = policy.signer_of(table, row)
             if kid is None or not _content_ok(table, row, blobs):
                 refused += 1
