@@ -151,11 +151,24 @@ def run(ctx: Context) -> SectionResult:
                         "cold compile", note="not cachedb: both torch"))
     res.rows.append(Row("GPT-2 cold compile writing to cachedb vs cold to files: first calls",
                         first["cold, cachedb installed"], first["cold"], "cold compile"))
+    phase = {case: {k: summarize([s.get("named_phases_s", {}).get(k, 0.0) for s in ss], "s")
+                    for k in ("bytecode_tracing", "OutputGraph.call_user_compiler")} for case, ss in samples.items()}
+    res.rows.append(Row("GPT-2 warm cachedb, fresh dir: time in torch's compiler backend (AOTAutograd and Inductor: "
+                        "what the FX graph and AOTAutograd caches serve) vs warm local files",
+                        phase["warm cachedb"]["OutputGraph.call_user_compiler"],
+                        phase["warm local"]["OutputGraph.call_user_compiler"], "warm local dir"))
+    res.rows.append(Row("GPT-2 warm cachedb, fresh dir: Dynamo's bytecode tracing (no cache serves it; precompile "
+                        "skips it) vs warm local files, for scale", phase["warm cachedb"]["bytecode_tracing"],
+                        phase["warm local"]["bytecode_tracing"], "warm local dir", note="the same work on both sides"))
     tuning_rows(res, "GPT-2 warm cachedb", samples, "warm cachedb", target="")
     if "warm cachedb precompile" in first:
         res.rows.append(Row("GPT-2 precompile=True through cachedb, fresh dir: first calls vs warm local files",
                             first["warm cachedb precompile"], local, "warm local dir",
                             note="compiles and runs (ok); torch's caching precompile is experimental"))
+    if "warm cachedb precompile" in first:
+        res.rows.append(Row("GPT-2 precompile=True through cachedb, fresh dir: Dynamo's bytecode tracing vs cachedb "
+                            "with precompile off", phase["warm cachedb precompile"]["bytecode_tracing"],
+                            phase["warm cachedb"]["bytecode_tracing"], "cachedb, precompile off"))
     if "cold, cachedb precompile" in first:
         res.rows.append(Row("GPT-2 precompile=True, cold into cachedb vs cold to files: first calls",
                             first["cold, cachedb precompile"], first["cold"], "cold compile"))
@@ -166,7 +179,10 @@ def run(ctx: Context) -> SectionResult:
         calls = [(s["tuning_calls"]["coordesc_calls"], s["tuning_calls"]["benchmark_gpu_calls"]) for s in ss]
         hits = {k: v for k, v in ss[0]["counters"].items() if k.endswith(("_hit", "_miss"))}
         res.notes.append(f"{case}: first calls {[round(s['first_call_s'], 2) for s in ss]} s, wall "
-                         f"{[round(s['wall_s'], 1) for s in ss]} s; tuning calls (coordinate descent, GPU benchmarks) "
+                         f"{[round(s['wall_s'], 1) for s in ss]} s; Dynamo tracing "
+                         f"{[s.get('named_phases_s', {}).get('bytecode_tracing') for s in ss]} s, compiler backend "
+                         f"{[s.get('named_phases_s', {}).get('OutputGraph.call_user_compiler') for s in ss]} s; "
+                         "tuning calls (coordinate descent, GPU benchmarks) "
                          f"{calls}; cache counters (first sample) {json.dumps(hits, sort_keys=True)}")
     benchmarked = sorted({k for ss in samples.values() for s in ss for k in s["tuning_calls"].get("benchmarked", [])})
     res.notes.append(f"Compile workers: TORCHINDUCTOR_COMPILE_THREADS={WORKERS} in every process; default torch.compile "
