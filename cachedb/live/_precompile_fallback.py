@@ -1,7 +1,5 @@
-"""Caching precompile never fails a compile under cachedb: a frame whose code torch cannot name
-is compiled without the package (the function keeps it for its other frames); a function whose
-package torch cannot otherwise build, or whose stored package torch cannot load, is compiled
-without one. Each case gives one warning naming the function.
+"""Caching precompile never fails a compile under cachedb: a function torch cannot package, or
+whose stored package torch cannot load, is compiled without one, with one warning naming it.
 
 Where torch (2.13) fails, with ``torch._dynamo.config.caching_precompile`` on:
 
@@ -28,16 +26,10 @@ Where torch (2.13) fails, with ``torch._dynamo.config.caching_precompile`` on:
 
 :func:`patches` (installed and removed with the other seams of :mod:`cachedb.live._precompile`):
 
-- ``convert_frame._compile``: a frame whose code torch cannot name (the ``PackageError`` of
-  ``code_context`` -> ``_add_user_function``, raised before anything of the frame is
-  recorded) is compiled with ``package=None`` and left out of the package, as torch leaves out
-  a frame it bypasses (``OutputGraph.bypass_package`` -> ``bypass_current_entry``); the
-  function keeps its package for its other frames, so a warm start still skips their tracing,
-  and the frame left out is compiled afresh in each process (on the next call, as Dynamo
-  compiles any frame a package does not hold). Any other ``PackageError`` drops the function's
-  package (not recorded, not saved) and the frame is compiled again with ``package=None``, as
-  with ``caching_precompile`` off; so are the function's later frames. ``strict_precompile``
-  keeps torch's error.
+- ``convert_frame._compile``: a ``PackageError`` drops the function's package (not recorded,
+  not saved) and the frame is compiled again with ``package=None``, as with
+  ``caching_precompile`` off; so are the function's later frames. ``strict_precompile`` keeps
+  torch's error.
 - ``DiskDynamoCache.record_package`` (``DynamoStore.record_package``): a dropped package is not
   recorded in the ``PrecompileContext``.
 - ``CompilePackage.initialize`` / ``install``, for a package that cachedb's ``load`` returned
@@ -59,7 +51,6 @@ import itertools
 import logging
 import re
 import sys
-import types
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -74,8 +65,6 @@ _from_db: weakref.WeakSet[Any] = weakref.WeakSet()
 _fell_back: weakref.WeakSet[Any] = weakref.WeakSet()
 #: Packages dropped by a ``PackageError``: compiled with ``package=None``, never recorded.
 _dropped: weakref.WeakSet[Any] = weakref.WeakSet()
-#: Per package, the code objects of frames torch cannot name: compiled with ``package=None``.
-_unnamed: weakref.WeakKeyDictionary[Any, set[types.CodeType]] = weakref.WeakKeyDictionary()
 #: Source ids of the functions warned about in this process.
 _warned: set[str] = set()
 
@@ -165,44 +154,24 @@ def _compile_patch(convert_frame: Any, package_error: type[BaseException]) -> li
             entries.pop(_source_id(pkg), None)
         _warn_once(pkg, "torch cannot package %s for precompile (%s); it is compiled without a package", exc)
 
-    def leave_out(pkg: Any, code: types.CodeType, exc: BaseException) -> None:
-        _unnamed.setdefault(pkg, set()).add(code)
-        frame = f"{code.co_name} ({code.co_filename}:{code.co_firstlineno})"
-        key = f"{_source_id(pkg)}:unnamed frames"
-        message = ("cachedb: torch cannot name the frame %s of %s for its precompiled package (%s); that frame "
-                   "and the frames resuming it compile without the package, the function's other frames keep it")
-        if key in _warned:
-            log.debug(message, frame, _function_name(pkg), f"{type(exc).__name__}: {exc}")
-            return
-        _warned.add(key)
-        log.warning(message, frame, _function_name(pkg), type(exc).__name__)
-        log.debug("cachedb: %s", exc)
-
     def _compile(*args: Any, **kwargs: Any) -> Any:
-        """``_compile`` (torch/_dynamo/convert_frame.py); a frame torch cannot name compiles
-        with ``package=None`` and the function keeps its package; any other ``PackageError``
-        drops the function's package and the frame compiles with ``package=None``."""
+        """``_compile`` (torch/_dynamo/convert_frame.py); a ``PackageError`` drops the
+        function's package and the frame compiles with ``package=None``."""
         if "skip" in kwargs:
             kwargs["skip"] += 1  # this frame, in the stack torch logs
         pkg = kwargs.get("package")
         if pkg is None:
             return original(*args, **kwargs)
-        code = args[0] if args and isinstance(args[0], types.CodeType) else kwargs.get("code")
-        if pkg in _dropped or code in _unnamed.get(pkg, ()):
+        if pkg in _dropped:
             kwargs["package"] = None
             return original(*args, **kwargs)
-        recorded = getattr(pkg, "_codes", None)
-        known = recorded is None or code in recorded
         try:
             return original(*args, **kwargs)
         except package_error as exc:
             config = sys.modules.get("torch._dynamo.config")
             if getattr(config, "strict_precompile", False):
                 raise
-            if isinstance(code, types.CodeType) and not known and code not in pkg._codes:
-                leave_out(pkg, code, exc)  # code_context could not add it: nothing of it recorded
-            else:
-                drop(pkg, exc)
+            drop(pkg, exc)
         kwargs["package"] = None
         return original(*args, **kwargs)
 
