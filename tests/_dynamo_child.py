@@ -2,7 +2,7 @@
 print one JSON line of what Dynamo did.
 
 ``python tests/_dynamo_child.py files|cachedb [--db PATH] [--precompile] [--save]
-[--list-dir] [--python-version V] [--unpackageable] [--late-class]`` with
+[--list-dir] [--python-version V] [--unpackageable] [--late-class] [--guard-assert]`` with
 ``TORCHINDUCTOR_CACHE_DIR`` set by the caller. The workloads: an MLP, then a function called
 with 7, 33 and 1,024 rows (static at first: a recompile makes it dynamic, unless a PGO profile
 says so already). ``cachedb``: ``cachedb.install(db, precompile=True)`` (with
@@ -17,7 +17,9 @@ a mixed fleet would.
 ``forward`` calls a property with a graph break inside, as transformers' models call
 ``self.loss_function``); ``--late-class``: then a function called with an instance of a class
 defined only after ``torch.compile`` wrapped the function (:func:`_scaled`: torch loads the
-function's package when it wraps it, and unpickling the package's guards needs the class).
+function's package when it wraps it, and unpickling the package's guards needs the class);
+``--guard-assert``: then a function whose package fails an assertion where it takes the
+frame's guards, as torch 2.11's do for GPT-2 (:func:`_inject_guard_assertion`).
 """
 
 from __future__ import annotations
@@ -57,6 +59,29 @@ def _scaled(x, scale):  # noqa: ANN001, ANN202 - compiled by Dynamo: its guards 
     return x.cos() * scale.factor
 
 
+def _asserting(x):  # noqa: ANN001, ANN202 - compiled by Dynamo under --guard-assert
+    return x.tan() + 1
+
+
+def _inject_guard_assertion() -> None:
+    """torch 2.11's failure under precompile, where torch 2.13 does not fail: its guards for
+    the package built a second time, ``Guard.set_export_info`` (torch/_guards.py) asserts a
+    guarded object is the same both times, which an object made anew on each access is not
+    (transformers' ``_PerLayerConfigView``, GPT-2). Raised here where a package takes a frame's
+    guards (``CompilePackage.add_guarded_code``), for :func:`_asserting`'s frame only: with
+    precompile off no package takes them and the frame compiles."""
+    from torch._dynamo.package import CompilePackage
+
+    original = CompilePackage.add_guarded_code
+
+    def add_guarded_code(self, guards_state, dynamo_code):  # noqa: ANN001, ANN202
+        if self._current_entry is not None and self._current_entry.python_code.co_name == "_asserting":
+            raise AssertionError("Guarded object must be identical, None or ephemeral (dead weakref)")
+        return original(self, guards_state, dynamo_code)
+
+    CompilePackage.add_guarded_code = add_guarded_code
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("mode", choices=["files", "cachedb"])
@@ -67,6 +92,7 @@ def main() -> None:
     parser.add_argument("--python-version")
     parser.add_argument("--unpackageable", action="store_true")
     parser.add_argument("--late-class", action="store_true")
+    parser.add_argument("--guard-assert", action="store_true")
     args = parser.parse_args()
 
     from torch._dynamo.utils import counters
@@ -111,6 +137,11 @@ def main() -> None:
         globals()["_Scale"] = scale_class
         x = torch.randn(4, 8)
         ok &= bool(torch.allclose(scaled(x, _Scale()), _scaled(x, _Scale()), atol=1e-5, rtol=1e-4))
+    if args.guard_assert:
+        _inject_guard_assertion()
+        asserting = torch.compile(_asserting)
+        x = torch.randn(4, 8)
+        ok &= bool(torch.allclose(asserting(x), _asserting(x), atol=1e-5, rtol=1e-4))
     if args.save:
         torch.compiler.save_cache_artifacts()
     out = {

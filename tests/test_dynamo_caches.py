@@ -618,6 +618,22 @@ def test_a_package_that_fails_its_system_check_compiles_afresh(fallback_runs: di
 
 
 @pytest.mark.slow
+def test_a_package_whose_guards_fail_an_assertion_compiles_without_it(tmp_path: Path) -> None:
+    """torch 2.11 fails GPT-2's compile under precompile with an ``AssertionError`` where it
+    builds the guards of the package a second time (``Guard.set_export_info``); injected here
+    (``--guard-assert``). torch alone fails the call; under cachedb the function compiles
+    without its package, with one warning naming it, and the other functions keep theirs."""
+    proc = _run_child("files", tmp_path / "files", "--guard-assert", TORCH_CACHING_PRECOMPILE="1")
+    assert proc.returncode != 0 and "AssertionError: Guarded object must be identical" in proc.stderr, proc.stderr[-3000:]
+    out, stderr = _child("cachedb", tmp_path / "dir", "--db", str(tmp_path / "cache.db"), "--precompile", "--guard-assert")
+    assert out["ok"] and out["dynamo_cache"] == {"dynamo_cache_miss": 3}, out["dynamo_cache"]
+    warnings = _cachedb_lines(stderr)
+    assert len(warnings) == 1 and "__main__._asserting" in warnings[0] and "AssertionError" in warnings[0], warnings
+    with CacheDB(tmp_path / "cache.db") as db, db.read() as repos:
+        assert repos.dynamo("precompile").count() == 2  # the MLP's and the row function's
+
+
+@pytest.mark.slow
 def test_cachedb_run_with_torch_s_switch_falls_back_too(tmp_path: Path) -> None:
     """``TORCH_CACHING_PRECOMPILE=1`` under ``cachedb run`` (cachedb's seams active, precompile
     turned on by the user): the model torch cannot package compiles too."""

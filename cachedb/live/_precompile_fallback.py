@@ -28,8 +28,13 @@ Where torch (2.13) fails, with ``torch._dynamo.config.caching_precompile`` on:
 
 - ``convert_frame._compile``: a ``PackageError`` drops the function's package (not recorded,
   not saved) and the frame is compiled again with ``package=None``, as with
-  ``caching_precompile`` off; so are the function's later frames. ``strict_precompile`` keeps
-  torch's error.
+  ``caching_precompile`` off; so are the function's later frames. So does an
+  ``AssertionError``: torch 2.11 builds a packaged frame's guards a second time to save them,
+  and ``Guard.set_export_info`` (torch/_guards.py) asserts that a guarded object is the same
+  both times, which fails for an object made anew on each access (transformers'
+  ``_PerLayerConfigView``: GPT-2 under precompile fails there with torch alone). An assertion
+  that is not the package's fails the compile again without it, as torch would.
+  ``strict_precompile`` keeps torch's error.
 - ``DiskDynamoCache.record_package`` (``DynamoStore.record_package``): a dropped package is not
   recorded in the ``PrecompileContext``.
 - ``CompilePackage.initialize`` / ``install``, for a package that cachedb's ``load`` returned
@@ -155,8 +160,10 @@ def _compile_patch(convert_frame: Any, package_error: type[BaseException]) -> li
         _warn_once(pkg, "torch cannot package %s for precompile (%s); it is compiled without a package", exc)
 
     def _compile(*args: Any, **kwargs: Any) -> Any:
-        """``_compile`` (torch/_dynamo/convert_frame.py); a ``PackageError`` drops the
-        function's package and the frame compiles with ``package=None``."""
+        """``_compile`` (torch/_dynamo/convert_frame.py); a ``PackageError``, or an
+        ``AssertionError`` (torch 2.11's guards for a package), drops the function's package
+        and the frame compiles with ``package=None``: as torch would without precompile, which
+        raises the error again if it is not the package's."""
         if "skip" in kwargs:
             kwargs["skip"] += 1  # this frame, in the stack torch logs
         pkg = kwargs.get("package")
@@ -167,7 +174,7 @@ def _compile_patch(convert_frame: Any, package_error: type[BaseException]) -> li
             return original(*args, **kwargs)
         try:
             return original(*args, **kwargs)
-        except package_error as exc:
+        except (package_error, AssertionError) as exc:
             config = sys.modules.get("torch._dynamo.config")
             if getattr(config, "strict_precompile", False):
                 raise
