@@ -138,7 +138,8 @@ def ddp_training(torch: Any, rank: int) -> dict[str, float | bool]:
     """What each rank of :mod:`benchmarks._ddp_child` compiles: a DDP-wrapped two-block
     transformer training step in bf16 with ``coordinate_descent_tuning=True`` (forward,
     backward with DDP's gradient all-reduce, an SGD step), then a max-autotune MLP in bf16.
-    Returns each part's first call in seconds and ``ok``."""
+    Returns the first calls in seconds (``ddp_step`` and ``mlp_autotune``; of the step,
+    ``ddp_forward`` and ``ddp_backward``, each up to a ``torch.cuda.synchronize()``) and ``ok``."""
     import time
 
     from torch._inductor import config as inductor_config
@@ -154,7 +155,11 @@ def ddp_training(torch: Any, rank: int) -> dict[str, float | bool]:
     with inductor_config.patch(coordinate_descent_tuning=True):
         compiled = torch.compile(model)
         loss = compiled(x).float().pow(2).mean()
+        torch.cuda.synchronize()
+        seconds["ddp_forward"] = time.perf_counter() - t
         loss.backward()
+        torch.cuda.synchronize()
+        seconds["ddp_backward"] = time.perf_counter() - t - seconds["ddp_forward"]
         opt.step()
         opt.zero_grad(set_to_none=True)
     torch.cuda.synchronize()

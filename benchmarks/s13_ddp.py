@@ -155,10 +155,14 @@ def run(ctx: Context) -> SectionResult:
                         summarize([dir_bytes(cold_dir)], "bytes"), "directory bytes"))
     for case, rs in ranks.items():
         res.notes.append(
-            f"{case}: per rank (rank, first calls s, DDP step s, MLP s, coordinate descent, GPU benchmarks): "
-            + "; ".join(f"({r['rank']}, {r['first_call_s']:.2f}, {r['seconds']['ddp_step']:.2f}, "
+            f"{case}: per rank (rank, first calls s, DDP step s (forward, backward), MLP s, coordinate descent, "
+            "GPU benchmarks, AOTAutograd cache hits/bypasses): "
+            + "; ".join(f"({r['rank']}, {r['first_call_s']:.2f}, {r['seconds']['ddp_step']:.2f} "
+                        f"({r['seconds'].get('ddp_forward', 0.0):.2f}, {r['seconds'].get('ddp_backward', 0.0):.2f}), "
                         f"{r['seconds']['mlp_autotune']:.2f}, {r['tuning_calls']['coordesc_calls']}, "
-                        f"{r['tuning_calls']['benchmark_gpu_calls']})" for r in rs)
+                        f"{r['tuning_calls']['benchmark_gpu_calls']}, "
+                        f"{r['counters'].get('autograd_cache_hit', 0)}/{r['counters'].get('autograd_cache_bypass', 0)})"
+                        for r in rs)
             + (f"; kernels tuned: {sorted({k for r in rs for k in r['tuning_calls']['kernels']})}"
                if any(r["tuning_calls"]["kernels"] for r in rs) and case != "cold" else "")
             + (f"; launchers benchmarked by autotune_to_one_config: "
