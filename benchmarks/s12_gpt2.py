@@ -9,7 +9,9 @@ database (``cachedb.installed``), warm local files (the cold run's directory and
 Mega-Cache into a fresh directory, cachedb into a fresh directory from the live-filled
 database; and torch's caching precompile through cachedb (``cachedb.installed(db,
 precompile=True)``), cold and warm. Reported: first calls, the tuning calls each process ran
-(:mod:`benchmarks._tuning_calls`), the database's bytes against the cold directory's.
+(:mod:`benchmarks._tuning_calls`), Dynamo's bytecode tracing and the compiler backend's time
+(``_warm_child.NAMED_PHASES``: what no cache serves and what the caches serve), the database's
+bytes against the cold directory's.
 
 Without ``transformers`` the section reports one line and measures nothing; on the CPU too.
 """
@@ -165,7 +167,6 @@ def run(ctx: Context) -> SectionResult:
         res.rows.append(Row("GPT-2 precompile=True through cachedb, fresh dir: first calls vs warm local files",
                             first["warm cachedb precompile"], local, "warm local dir",
                             note="compiles and runs (ok); torch's caching precompile is experimental"))
-    if "warm cachedb precompile" in first:
         res.rows.append(Row("GPT-2 precompile=True through cachedb, fresh dir: Dynamo's bytecode tracing vs cachedb "
                             "with precompile off", phase["warm cachedb precompile"]["bytecode_tracing"],
                             phase["warm cachedb"]["bytecode_tracing"], "cachedb, precompile off"))
