@@ -161,11 +161,12 @@ def test_cli_upgrade_through_pgbouncer_creates_the_schema(pgbouncer: Any, databa
         db.close()
 
 
-def _lookups_through_a_restart(url: str, local: str, keys: list[str], ready: Any, out: Any) -> None:
+def _lookups_through_a_restart(url: str, local: str, keys: list[str], opened: Any, stopped: Any, out: Any) -> None:
     store = LiveStore(local, remote=RemoteTier(url, timeout_s=8.0, idle_s=0.0), write_behind=False)
-    served = 0
-    ready.wait(60)
-    for key in keys:
+    served = _served(store, keys[0]) is not None  # the remote is open: its schema checked
+    opened.wait(60)
+    stopped.wait(60)  # the server is down now, for 0.5 s: the next lookup meets ``connection refused``
+    for key in keys[1:]:
         served += _served(store, key) is not None
         time.sleep(0.05)
     out.put((served, dict(store.remote.counts)))  # type: ignore[union-attr]
@@ -173,22 +174,27 @@ def _lookups_through_a_restart(url: str, local: str, keys: list[str], ready: Any
 
 
 def test_a_server_restarted_mid_herd_is_waited_out(tmp_path: Path, pgbouncer: Any, database: str) -> None:
-    """Six machines look up 40 entries each, one every 50 ms (2 s, so a loaded host still
-    looks up when the server goes), while the server they connect to (PgBouncer) stops for
-    0.5 s and starts again: ``connection refused`` meanwhile, and every lookup waits it out
-    within its timeout: all served, no fallback to the local cache."""
+    """Six machines have each looked up one entry when the server they connect to (PgBouncer)
+    stops for 0.5 s and starts again; they go on looking up 39 more, one every 50 ms, the first
+    of them while the server is down (``connection refused``): every lookup waits it out within
+    its timeout, all served, no fallback to the local cache."""
     url = pgbouncer.url(database)
     entries = _fill(url, tmp_path, 40)
     keys = [key for key, _ in entries]
     mp = multiprocessing.get_context("fork")
-    ready, out = mp.Barrier(7), mp.Queue()
-    procs = [mp.Process(target=_lookups_through_a_restart, args=(url, str(tmp_path / f"m{i}.db"), keys, ready, out))
+    opened, stopped, out = mp.Barrier(7), mp.Event(), mp.Queue()
+    procs = [mp.Process(target=_lookups_through_a_restart,
+                        args=(url, str(tmp_path / f"m{i}.db"), keys, opened, stopped, out))
              for i in range(6)]
     for p in procs:
         p.start()
-    ready.wait(60)  # every machine is looking up (40 lookups, 2 s) when the server stops
-    time.sleep(0.3)
-    pgbouncer.restart(down_s=0.5)
+    try:
+        opened.wait(60)  # every machine has its connection settings and schema check behind it
+        pgbouncer.stop()
+    finally:
+        stopped.set()
+    time.sleep(0.5)
+    pgbouncer.start()
     results = [out.get(timeout=120) for _ in procs]
     for p in procs:
         p.join(30)
