@@ -18,8 +18,8 @@ a mixed fleet would.
 ``self.loss_function``); ``--late-class``: then a function called with an instance of a class
 defined only after ``torch.compile`` wrapped the function (:func:`_scaled`: torch loads the
 function's package when it wraps it, and unpickling the package's guards needs the class);
-``--guard-assert``: then a function whose package fails an assertion where it takes the
-frame's guards, as torch 2.11's do for GPT-2 (:func:`_inject_guard_assertion`).
+``--guard-assert``: then a function whose guards fail an assertion while ``caching_precompile``
+is on, as torch 2.11's do for GPT-2 (:func:`_inject_guard_assertion`).
 """
 
 from __future__ import annotations
@@ -64,22 +64,25 @@ def _asserting(x):  # noqa: ANN001, ANN202 - compiled by Dynamo under --guard-as
 
 
 def _inject_guard_assertion() -> None:
-    """torch 2.11's failure under precompile, where torch 2.13 does not fail: its guards for
-    the package built a second time, ``Guard.set_export_info`` (torch/_guards.py) asserts a
-    guarded object is the same both times, which an object made anew on each access is not
-    (transformers' ``_PerLayerConfigView``, GPT-2). Raised here where a package takes a frame's
-    guards (``CompilePackage.add_guarded_code``), for :func:`_asserting`'s frame only: with
-    precompile off no package takes them and the frame compiles."""
-    from torch._dynamo.package import CompilePackage
+    """torch 2.11's failure under precompile, where torch 2.13 does not fail: with
+    ``caching_precompile`` on it filters every frame's guards, package or not, which builds
+    them twice (``CheckFunctionManager.__init__``, torch/_dynamo/guards.py), and
+    ``Guard.set_export_info`` (torch/_guards.py) asserts a guarded object is the same both
+    times, which an object made anew on each access is not (transformers'
+    ``_PerLayerConfigView``, GPT-2). Raised here, for :func:`_asserting`'s frame only, where
+    the guards are built while ``caching_precompile`` is on: with it off the frame compiles."""
+    import torch._dynamo.config as dynamo_config
+    from torch._dynamo.guards import CheckFunctionManager
 
-    original = CompilePackage.add_guarded_code
+    original = CheckFunctionManager.__init__
 
-    def add_guarded_code(self, guards_state, dynamo_code):  # noqa: ANN001, ANN202
-        if self._current_entry is not None and self._current_entry.python_code.co_name == "_asserting":
-            raise AssertionError("Guarded object must be identical, None or ephemeral (dead weakref)")
-        return original(self, guards_state, dynamo_code)
+    def __init__(self, f_code, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202, N807
+        if dynamo_config.caching_precompile and f_code.co_name == "_asserting":
+            raise AssertionError("Guarded object must be identical, None or ephemeral (dead weakref), "
+                                 "got <weakref to '_View' at 0x1>\nvs <weakref to '_View' at 0x2>\n")
+        original(self, f_code, *args, **kwargs)
 
-    CompilePackage.add_guarded_code = add_guarded_code
+    CheckFunctionManager.__init__ = __init__
 
 
 def main() -> None:

@@ -620,15 +620,17 @@ def test_a_package_that_fails_its_system_check_compiles_afresh(fallback_runs: di
 @pytest.mark.slow
 def test_a_package_whose_guards_fail_an_assertion_compiles_without_it(tmp_path: Path) -> None:
     """torch 2.11 fails GPT-2's compile under precompile with an ``AssertionError`` where it
-    builds the guards of the package a second time (``Guard.set_export_info``); injected here
-    (``--guard-assert``). torch alone fails the call; under cachedb the function compiles
-    without its package, with one warning naming it, and the other functions keep theirs."""
+    builds a frame's guards twice under ``caching_precompile`` (``Guard.set_export_info``),
+    package or not; injected here (``--guard-assert``). torch alone fails the call; under
+    cachedb the function compiles as without precompile, with one one-line warning naming it,
+    and the other functions keep their packages."""
     proc = _run_child("files", tmp_path / "files", "--guard-assert", TORCH_CACHING_PRECOMPILE="1")
     assert proc.returncode != 0 and "AssertionError: Guarded object must be identical" in proc.stderr, proc.stderr[-3000:]
     out, stderr = _child("cachedb", tmp_path / "dir", "--db", str(tmp_path / "cache.db"), "--precompile", "--guard-assert")
     assert out["ok"] and out["dynamo_cache"] == {"dynamo_cache_miss": 3}, out["dynamo_cache"]
     warnings = _cachedb_lines(stderr)
     assert len(warnings) == 1 and "__main__._asserting" in warnings[0] and "AssertionError" in warnings[0], warnings
+    assert "without a package" in warnings[0]  # the whole warning, the assertion's text on its line
     with CacheDB(tmp_path / "cache.db") as db, db.read() as repos:
         assert repos.dynamo("precompile").count() == 2  # the MLP's and the row function's
 

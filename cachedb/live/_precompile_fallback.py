@@ -27,11 +27,12 @@ Where torch (2.13) fails, with ``torch._dynamo.config.caching_precompile`` on:
 :func:`patches` (installed and removed with the other seams of :mod:`cachedb.live._precompile`):
 
 - ``convert_frame._compile``: a ``PackageError`` drops the function's package (not recorded,
-  not saved) and the frame is compiled again with ``package=None``, as with
-  ``caching_precompile`` off; so are the function's later frames. So does an
-  ``AssertionError``: torch 2.11 builds a packaged frame's guards a second time to save them,
-  and ``Guard.set_export_info`` (torch/_guards.py) asserts that a guarded object is the same
-  both times, which fails for an object made anew on each access (transformers'
+  not saved) and the frame is compiled again with ``package=None`` and ``caching_precompile``
+  off for that frame, as torch compiles it without precompile; so are the function's later frames. So does an
+  ``AssertionError``: under ``caching_precompile`` torch 2.11 filters every frame's guards
+  (``CheckFunctionManager.__init__``, torch/_dynamo/guards.py), which builds them twice, and
+  ``Guard.set_export_info`` (torch/_guards.py) asserts that a guarded object is the same both
+  times, which fails for an object made anew on each access (transformers'
   ``_PerLayerConfigView``: GPT-2 under precompile fails there with torch alone). An assertion
   that is not the package's fails the compile again without it, as torch would.
   ``strict_precompile`` keeps torch's error.
@@ -98,7 +99,7 @@ def _source_id(pkg: Any) -> str:
 
 def _warn_once(pkg: Any, message: str, exc: BaseException) -> None:
     source_id = _source_id(pkg)
-    text = f"{type(exc).__name__}: {exc}"
+    text = f"{type(exc).__name__}: {' '.join(str(exc).split())}"  # one line
     if source_id in _warned:
         log.debug("cachedb: " + message, _function_name(pkg), text)
         return
@@ -159,19 +160,30 @@ def _compile_patch(convert_frame: Any, package_error: type[BaseException]) -> li
             entries.pop(_source_id(pkg), None)
         _warn_once(pkg, "torch cannot package %s for precompile (%s); it is compiled without a package", exc)
 
+    def without_precompile(*args: Any, **kwargs: Any) -> Any:
+        """``_compile`` with ``package=None`` and ``caching_precompile`` off for this frame:
+        torch (2.11) filters every frame's guards under ``caching_precompile``, package or
+        not, and that filtering builds the guards twice."""
+        kwargs["package"] = None
+        config = sys.modules.get("torch._dynamo.config")
+        patch = getattr(config, "patch", None)
+        if patch is None or not getattr(config, "caching_precompile", False):
+            return original(*args, **kwargs)
+        with patch(caching_precompile=False):
+            return original(*args, **kwargs)
+
     def _compile(*args: Any, **kwargs: Any) -> Any:
         """``_compile`` (torch/_dynamo/convert_frame.py); a ``PackageError``, or an
-        ``AssertionError`` (torch 2.11's guards for a package), drops the function's package
-        and the frame compiles with ``package=None``: as torch would without precompile, which
-        raises the error again if it is not the package's."""
+        ``AssertionError`` (torch 2.11's guards under precompile), drops the function's package
+        and the frame compiles as torch would without precompile (``package=None``,
+        ``caching_precompile`` off), which raises the error again if it is not the package's."""
         if "skip" in kwargs:
             kwargs["skip"] += 1  # this frame, in the stack torch logs
         pkg = kwargs.get("package")
         if pkg is None:
             return original(*args, **kwargs)
         if pkg in _dropped:
-            kwargs["package"] = None
-            return original(*args, **kwargs)
+            return without_precompile(*args, **kwargs)
         try:
             return original(*args, **kwargs)
         except (package_error, AssertionError) as exc:
@@ -179,8 +191,7 @@ def _compile_patch(convert_frame: Any, package_error: type[BaseException]) -> li
             if getattr(config, "strict_precompile", False):
                 raise
             drop(pkg, exc)
-        kwargs["package"] = None
-        return original(*args, **kwargs)
+        return without_precompile(*args, **kwargs)
 
     return [(convert_frame, "_compile", _compile)]
 
