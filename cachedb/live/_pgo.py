@@ -21,7 +21,7 @@ remote PGO cache keeps working beside it. What torch does around the file is kep
 ``automatic_dynamic_local_pgo`` switch (``code_state_path`` is ``None``: nothing read or
 written), the Mega-Cache record of what was read and written
 (``CacheArtifactManager.record_artifact``, torch/compiler/_cache.py, what 2.13's
-``CacheArtifactRecorder.record`` calls and what 2.9 to 2.12 call directly; so
+``CacheArtifactRecorder.record`` calls and what 2.11, which has no recorder, calls directly; so
 ``save_cache_artifacts()`` still carries the profile), the ``hit()`` bookkeeping, the
 ``dynamo_timed`` events, and a pickle torch cannot load (another torch's) being a warning and
 a miss. A damaged row is quarantined by the store (one warning, a miss).
@@ -73,7 +73,7 @@ def patches(store: LiveStore, pgo: Any) -> list[tuple[Any, str, Callable[..., An
         raise AttributeError(f"{MODULE}.PGOCacheArtifact.populate_cache")
 
     def record(cache_key: str, content: bytes) -> None:
-        from torch.compiler._cache import CacheArtifactManager  # 2.9 to 2.15 (no Recorder before 2.13)
+        from torch.compiler._cache import CacheArtifactManager  # 2.11 has no CacheArtifactRecorder
 
         CacheArtifactManager.record_artifact(artifact.type(), cache_key, content)
 
