@@ -28,8 +28,8 @@ Where torch (2.13) fails, with ``torch._dynamo.config.caching_precompile`` on:
 
 - ``convert_frame._compile``: a ``PackageError`` drops the function's package (not recorded,
   not saved) and the frame is compiled again with ``package=None`` and ``caching_precompile``
-  off for that frame, as torch compiles it without precompile; so are the function's later frames. So does an
-  ``AssertionError``: under ``caching_precompile`` torch 2.11 filters every frame's guards
+  off for that frame, as torch compiles it without precompile; so are the function's later
+  frames. So does an ``AssertionError``: under ``caching_precompile`` torch 2.11 filters every frame's guards
   (``CheckFunctionManager.__init__``, torch/_dynamo/guards.py), which builds them twice, and
   ``Guard.set_export_info`` (torch/_guards.py) asserts that a guarded object is the same both
   times, which fails for an object made anew on each access (transformers'
