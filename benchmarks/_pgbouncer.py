@@ -5,8 +5,8 @@ in transaction pooling mode, for the herd benchmark and the tests.
 loopback port (as the ``postgres`` user when run as root: PgBouncer refuses to run as root) and
 stops it on :meth:`stop`. Every database name is passed through to the server (``* =``), so a
 URL ``postgresql+psycopg://postgres@127.0.0.1:<port>/<db>`` reaches database ``<db>`` of the
-server behind it. :meth:`restart` stops and starts it on the same port (what a client sees of a
-server restart: ``connection refused``, then service again).
+server behind it. :meth:`stop` then :meth:`start` restart it on the same port (what a client sees
+of a server restart: ``connection refused``, then service again).
 """
 
 from __future__ import annotations
@@ -112,12 +112,6 @@ class PgBouncer:
                 proc.wait()
         if getattr(self, "_log", None) is not None:
             self._log.close()
-
-    def restart(self, down_s: float = 0.5) -> None:
-        """Stop, stay down ``down_s`` seconds (clients meet ``connection refused``), start."""
-        self.stop()
-        time.sleep(down_s)
-        self.start()
 
     def close(self) -> None:
         self.stop()
