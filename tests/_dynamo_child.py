@@ -63,6 +63,10 @@ def _asserting(x):  # noqa: ANN001, ANN202 - compiled by Dynamo under --guard-as
     return x.tan() + 1
 
 
+#: How many times guards were built for :func:`_asserting`'s frame (once per compile of it).
+_ASSERTING_GUARD_BUILDS = [0]
+
+
 def _inject_guard_assertion() -> None:
     """torch 2.11's failure under precompile, where torch 2.13 does not fail: with
     ``caching_precompile`` on it filters every frame's guards, package or not, which builds
@@ -77,6 +81,8 @@ def _inject_guard_assertion() -> None:
     original = CheckFunctionManager.__init__
 
     def __init__(self, f_code, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202, N807
+        if f_code.co_name == "_asserting":
+            _ASSERTING_GUARD_BUILDS[0] += 1
         if dynamo_config.caching_precompile and f_code.co_name == "_asserting":
             raise AssertionError("Guarded object must be identical, None or ephemeral (dead weakref), "
                                  "got <weakref to '_View' at 0x1>\nvs <weakref to '_View' at 0x2>\n")
@@ -154,6 +160,7 @@ def main() -> None:
         "unique_graphs": counters["stats"]["unique_graphs"],
         "dynamo_cache": dict(counters["dynamo_cache"]),
         "corrupt": counters["inductor"]["cachedb_corrupt_payload"],
+        "asserting_guard_builds": _ASSERTING_GUARD_BUILDS[0],
     }
     if args.list_dir:
         root = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])

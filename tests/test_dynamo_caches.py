@@ -189,6 +189,56 @@ def test_package_keys_are_one_directory_name(db: CacheDB) -> None:
             repos.dynamo("precompile").put(bad, OLD)
 
 
+#: A refusal as :mod:`cachedb.live._precompile_fallback` records it, under a package key.
+REFUSAL_KEY = "7b34ed35ce067a1d3f5743b069f13d5cc469076a895c4ee98e5eb5b2eb87b619.0123456789abcdef"
+REFUSAL = json.dumps({"code": "fedcba9876543210", "error": "PackageError: no name", "function": "m.f"}).encode()
+
+
+def test_precompile_refusals_go_with_the_database_not_into_torch_s_files(tmp_path: Path, db_url: str) -> None:
+    """A refusal is cachedb's own row: counted, verified, merged and copied like a package,
+    never exported as one of torch's files."""
+    source_id = REFUSAL_KEY.split(".")[0]
+    a = CacheDB(tmp_path / "a.db")
+    with a.transaction() as repos:
+        repos.dynamo("precompile").put(source_id, NEW)
+        repos.dynamo("precompile_refusal").put(REFUSAL_KEY, REFUSAL)
+    with a.read() as repos:
+        assert [r["entries"] for r in collect(repos.session) if r["kind"] == "precompile_refusal"] == [1]
+    problems, checked = verify(a)
+    assert problems == [] and checked >= 2
+    out = tmp_path / "exported"
+    assert export_cache_dir(a, out).written == {"dynamo_package": 1}
+    assert [p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()] == [f"dynamo/{source_id}/entry"]
+    a.close()
+    b = CacheDB(db_url)
+    report = merge_databases([tmp_path / "a.db"], b)
+    assert report.tables["precompile_refusals"].added == 1
+    with b.read() as repos:
+        assert repos.dynamo("precompile_refusal").get(REFUSAL_KEY) == REFUSAL
+    b.close()
+
+
+def test_code_identity_follows_the_bytecode_not_where_it_lies() -> None:
+    from cachedb.live._precompile_fallback import code_identity
+
+    def load(source: str, filename: str) -> object:
+        namespace: dict[str, object] = {"__name__": "somelib.models"}
+        exec(compile(source, filename, "exec"), namespace)  # noqa: S102 - the function under test
+        return namespace["f"]
+
+    body = "def f(x):\n    def g(y):\n        return y * 2\n    return g(x) + 1\n"
+    here, moved = load(body, "/a/site-packages/m.py"), load("\n\n" + body, "/b/venv/m.py")
+    inner_changed = load(body.replace("y * 2", "y * 3"), "/a/site-packages/m.py")
+    assert code_identity(here) == code_identity(moved) != code_identity(inner_changed)
+    assert len(code_identity(here) or "") == 16 and code_identity(42) is None
+
+    class M:
+        def forward(self, x: int) -> int:
+            return x
+
+    assert code_identity(M().forward) == code_identity(M.forward)
+
+
 def test_a_directory_holding_only_a_profile_is_a_cache(tmp_path: Path) -> None:
     cache = tmp_path / "inductor"
     (cache / "dynamo").mkdir(parents=True)
@@ -555,8 +605,8 @@ def test_torch_alone_fails_the_compile_of_a_function_it_cannot_package(tmp_path:
 @pytest.mark.slow
 def test_a_function_torch_cannot_package_compiles_without_a_package(fallback_runs: dict) -> None:
     """With cachedb's precompile on, the model torch cannot package compiles as with precompile
-    off (the same frames), with one warning naming it, in every process; the other functions'
-    packages are saved and hit."""
+    off (the same frames), with one warning naming it, in every process (the warm one's from
+    the recorded refusal); the other functions' packages are saved and hit."""
     runs = fallback_runs["runs"]
     (off, _), (cold, cold_err), (warm, warm_err) = runs["off"], runs["cold"], runs["warm"]
     assert cold["ok"] and warm["ok"]
@@ -568,6 +618,7 @@ def test_a_function_torch_cannot_package_compiles_without_a_package(fallback_run
     for stderr in (cold_err, warm_err):
         warnings = _naming(stderr, UNPACKAGEABLE)
         assert len(warnings) == 1 and "PackageError" in warnings[0], _cachedb_lines(stderr)
+    assert "recorded" not in _naming(cold_err, UNPACKAGEABLE)[0] and "recorded" in _naming(warm_err, UNPACKAGEABLE)[0]
     assert _cachedb_lines(cold_err) == _naming(cold_err, UNPACKAGEABLE)
     with CacheDB(fallback_runs["db"]) as db, db.read() as repos:
         rows = repos.session.execute(text("SELECT key, hit_count FROM dynamo_packages ORDER BY key")).all()
@@ -623,7 +674,8 @@ def test_a_package_whose_guards_fail_an_assertion_compiles_without_it(tmp_path: 
     builds a frame's guards twice under ``caching_precompile`` (``Guard.set_export_info``),
     package or not; injected here (``--guard-assert``). torch alone fails the call; under
     cachedb the function compiles as without precompile, with one one-line warning naming it,
-    and the other functions keep their packages."""
+    and the other functions keep their packages. The refusal is recorded: the next process
+    compiles the function once, without trying its package again."""
     proc = _run_child("files", tmp_path / "files", "--guard-assert", TORCH_CACHING_PRECOMPILE="1")
     assert proc.returncode != 0 and "AssertionError: Guarded object must be identical" in proc.stderr, proc.stderr[-3000:]
     out, stderr = _child("cachedb", tmp_path / "dir", "--db", str(tmp_path / "cache.db"), "--precompile", "--guard-assert")
@@ -631,8 +683,23 @@ def test_a_package_whose_guards_fail_an_assertion_compiles_without_it(tmp_path: 
     warnings = _cachedb_lines(stderr)
     assert len(warnings) == 1 and "__main__._asserting" in warnings[0] and "AssertionError" in warnings[0], warnings
     assert "without a package" in warnings[0]  # the whole warning, the assertion's text on its line
+    assert out["asserting_guard_builds"] == 2  # with the package (failed), then without
     with CacheDB(tmp_path / "cache.db") as db, db.read() as repos:
         assert repos.dynamo("precompile").count() == 2  # the MLP's and the row function's
+        refusals = list(repos.dynamo("precompile_refusal").iter_all())
+    assert len(refusals) == 1, refusals
+    record = json.loads(refusals[0][1])
+    assert record["function"] == "__main__._asserting" and record["error"].startswith("AssertionError: Guarded")
+
+    again, stderr = _child("cachedb", tmp_path / "again", "--db", str(tmp_path / "cache.db"), "--precompile",
+                           "--guard-assert")
+    assert again["ok"] and again["asserting_guard_builds"] == 1, again
+    assert again["dynamo_cache"] == {"dynamo_cache_hit": 2, "dynamo_cache_miss": 1}, again["dynamo_cache"]
+    warnings = _cachedb_lines(stderr)
+    assert len(warnings) == 1 and "__main__._asserting" in warnings[0] and "recorded" in warnings[0], warnings
+    with CacheDB(tmp_path / "cache.db") as db, db.read() as repos:
+        (hits,) = repos.session.execute(text("SELECT hit_count FROM precompile_refusals")).one()
+    assert hits == 1
 
 
 @pytest.mark.slow

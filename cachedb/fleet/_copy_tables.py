@@ -21,6 +21,7 @@ TABLES = (
     "quarantined_entries",
     "pgo_profiles",
     "dynamo_packages",
+    "precompile_refusals",
 )
 
 #: The table an unfinished ``copy`` leaves in DST: one row naming SRC (dropped at the end).

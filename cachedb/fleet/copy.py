@@ -39,6 +39,7 @@ table                       natural key                                         
 ``quarantined_entries``     ``(kind, key, variant, checksum, quarantined_at)``    DST's row is kept
 ``pgo_profiles``            ``key``                                               the newer ``updated_at`` wins
 ``dynamo_packages``         ``key`` (the compiled function's source id)           the newer ``updated_at`` wins
+``precompile_refusals``     ``key`` (as the package's)                            the newer ``updated_at`` wins
 ==========================  ====================================================  ==========================
 
 Best configs (and LocalCache values, and Dynamo's caches) cannot keep both rows, their

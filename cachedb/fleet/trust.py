@@ -58,6 +58,7 @@ SIGNED_TABLES: dict[str, tuple[str, ...]] = {
     "best_configs": ("key", "content"),
     "pgo_profiles": ("key", "checksum"),
     "dynamo_packages": ("key", "checksum"),
+    "precompile_refusals": ("key", "checksum"),
     "cutlass_op_lists": ("request_key", "checksum"),
     "autotune_timings": ("fp", "op", "inputs", "hint_override", "precision", "choice_hash", "timing_ms",
                          "recorded_at"),
@@ -71,13 +72,15 @@ ROW_KEYS: dict[str, tuple[str, ...]] = {
     "best_configs": ("key",),
     "pgo_profiles": ("key",),
     "dynamo_packages": ("key",),
+    "precompile_refusals": ("key",),
     "cutlass_op_lists": ("request_key",),
     "autotune_timings": ("fp", "op", "inputs", "hint_override", "precision", "recorded_at", "choice_hash"),
     "local_cache_values": ("fp", "key_path"),
 }
 
 #: Tables whose rows carry a payload checked against its ``checksum`` at the boundary.
-_PAYLOAD_TABLES = frozenset({"guarded_entries", "pgo_profiles", "dynamo_packages", "cutlass_op_lists"})
+_PAYLOAD_TABLES = frozenset({"guarded_entries", "pgo_profiles", "dynamo_packages", "precompile_refusals",
+                             "cutlass_op_lists"})
 
 
 class TrustRefusedError(CacheDBError):

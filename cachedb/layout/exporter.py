@@ -30,7 +30,7 @@ from .._errors import ExportError
 from ..store.files import write_atomic
 from ..formats.triton_layout import EXPORT_DIR, GROUP_PREFIX, relocate_group
 from ..db import CacheDB
-from ..repositories.dynamo import KINDS as DYNAMO_KINDS
+from ..repositories.dynamo import FILE_KINDS as DYNAMO_KINDS
 from ..repositories.dynamo import LABELS as _DYNAMO_LABELS
 from ..repositories.dynamo import file_of, newest_per_file
 

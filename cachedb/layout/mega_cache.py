@@ -49,7 +49,7 @@ from typing import Any
 from .._errors import input_error_reason, BadInputError, CacheDBError, TorchUnavailableError
 from ..db import CacheDB, Repos
 from ..fingerprint import Fingerprint
-from ..repositories.dynamo import KINDS as DYNAMO_KINDS
+from ..repositories.dynamo import FILE_KINDS as DYNAMO_KINDS
 from ..keys.dynamo_package import package_source_id
 from ..repositories.dynamo import newest_per_file, pgo_key
 from .importer import Problem

@@ -29,7 +29,9 @@ exits (``cachedb.live``'s exit hook) and at ``uninstall``, so turning precompile
 It also returns the seams of :mod:`cachedb.live._precompile_fallback` (``convert_frame._compile``,
 ``DiskDynamoCache.record_package``, ``CompilePackage.initialize`` and ``install``): a function
 torch cannot package (a ``PackageError`` while Dynamo compiles it) or whose stored package fails
-to load compiles without one, with one warning naming it; precompile never fails a compile.
+to load compiles without one, with one warning naming it; precompile never fails a compile. A
+function torch could not package is recorded (``precompile_refusal``, per function and system),
+and later processes compile it without a package at once.
 
 Packages are stored per function **and system** (:func:`cachedb.keys.package_key`: the source
 id and a tag of torch's ``SystemInfo.current()``, what torch checks when it loads a package),
@@ -88,13 +90,27 @@ def _system_key(package: Any, source_id: str) -> str:
 _SYSTEM_INFO: dict[str, Any] | None = None
 
 
+class _StoreRefusals:
+    """:class:`cachedb.live._precompile_fallback.Refusals` in the store: the
+    ``precompile_refusal`` row of the function's package key on this system."""
+
+    def __init__(self, store: LiveStore, package: Any) -> None:
+        self.store, self.package = store, package
+
+    def get(self, source_id: str) -> bytes | None:
+        return self.store.dynamo_get("precompile_refusal", _system_key(self.package, source_id))
+
+    def put(self, source_id: str, data: bytes) -> None:
+        self.store.dynamo_put("precompile_refusal", _system_key(self.package, source_id), data)
+
+
 def patches(store: LiveStore, package: Any) -> list[tuple[Any, str, Callable[..., Any]]]:
     """``(owner, attribute, replacement)`` of each seam of ``package`` (the imported
     ``torch._dynamo.package``), and the fallback seams of :mod:`cachedb.live._precompile_fallback`
     (a function torch cannot package, or whose package fails to load, compiles without one);
     of the store's seams none where this torch lacks one of :data:`REQUIRED` (its packages stay
     files)."""
-    fallback = _precompile_fallback.patches(package)
+    fallback = _precompile_fallback.patches(package, _StoreRefusals(store, package))
     cls = getattr(package, "DiskDynamoCache", None)
     if (cls is None or not all(hasattr(cls, name) for name in REQUIRED) or not hasattr(package, "CompilePackage")
             or not hasattr(package, "SystemInfo")):

@@ -38,6 +38,16 @@ Where torch (2.13) fails, with ``torch._dynamo.config.caching_precompile`` on:
   ``strict_precompile`` keeps torch's error.
 - ``DiskDynamoCache.record_package`` (``DynamoStore.record_package``): a dropped package is not
   recorded in the ``PrecompileContext``.
+- Refusals (:class:`Refusals`, the database's ``precompile_refusal`` rows): a function whose
+  package was dropped, once its frame has compiled without it, is recorded for this system with
+  its :func:`code_identity`. A later process that finds no package but that record for the
+  same code (``CompilePackage.initialize(fn, None)``) drops the package before Dynamo starts:
+  every frame compiles once, without a package and ``caching_precompile`` off, as without
+  precompile, with one warning naming the function. Without a refusal each start would build
+  the package up to the failure again, then compile the failing frame a second time (with torch
+  2.11, GPT-2's whole model traced twice, and the failed attempt's AOTAutograd graph, which
+  torch does not save, compiled afresh). A changed function (its bytecode, or its library's
+  version) is tried again.
 - ``CompilePackage.initialize`` / ``install``, for a package that cachedb's ``load`` returned
   (:func:`note_loaded`): a failure leaves the package fresh, as a miss does (``initialize(fn,
   None)``; what ``install`` had installed is removed), the lookup counts as
@@ -52,14 +62,17 @@ torch function this torch lacks is left out (debug log).
 from __future__ import annotations
 
 import collections
+import hashlib
 import inspect
 import itertools
+import json
 import logging
 import re
 import sys
+import types
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 log = logging.getLogger("cachedb.live")
 
@@ -73,6 +86,43 @@ _fell_back: weakref.WeakSet[Any] = weakref.WeakSet()
 _dropped: weakref.WeakSet[Any] = weakref.WeakSet()
 #: Source ids of the functions warned about in this process.
 _warned: set[str] = set()
+
+
+class Refusals(Protocol):
+    """Where the functions torch could not package are recorded (cachedb's store: rows of
+    ``precompile_refusal`` keyed as the function's package on this system)."""
+
+    def get(self, source_id: str) -> bytes | None:
+        """The refusal recorded for ``source_id`` on this system (JSON), or ``None``."""
+
+    def put(self, source_id: str, data: bytes) -> None:
+        """Record the refusal ``data`` (JSON) for ``source_id`` on this system."""
+
+
+def _code_digest(code: types.CodeType, digest: Any) -> None:
+    for part in (code.co_code, code.co_names, code.co_varnames, code.co_freevars, code.co_cellvars):
+        digest.update(repr(part).encode("utf-8", "backslashreplace"))
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            _code_digest(const, digest)
+        else:
+            digest.update(repr(const).encode("utf-8", "backslashreplace"))
+
+
+def code_identity(fn: Any) -> str | None:
+    """What a refusal of ``fn`` (the function or bound method ``DynamoCache.load`` is given)
+    holds for: the first 16 hex digits of a SHA-256 over its bytecode (``co_code``, names and
+    constants, nested code objects included; not its file or line numbers, which differ between
+    machines) and the ``__version__`` of its top-level package (a library upgrade changes what
+    it calls). ``None`` for an object without ``__code__``."""
+    code = getattr(fn, "__code__", None)
+    if not isinstance(code, types.CodeType):
+        return None
+    digest = hashlib.sha256()
+    _code_digest(code, digest)
+    top = str(getattr(fn, "__module__", None) or "").split(".", 1)[0]
+    digest.update(f"|{top}|{getattr(sys.modules.get(top), '__version__', '')}".encode())
+    return digest.hexdigest()[:16]
 
 
 def note_loaded(dynamo_entry: Any) -> None:
@@ -97,9 +147,13 @@ def _source_id(pkg: Any) -> str:
         return _function_name(pkg)
 
 
-def _warn_once(pkg: Any, message: str, exc: BaseException) -> None:
+def _one_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+
+
+def _warn_once(pkg: Any, message: str, exc: BaseException | str) -> None:
     source_id = _source_id(pkg)
-    text = f"{type(exc).__name__}: {' '.join(str(exc).split())}"  # one line
+    text = exc if isinstance(exc, str) else _one_line(exc)
     if source_id in _warned:
         log.debug("cachedb: " + message, _function_name(pkg), text)
         return
@@ -142,7 +196,42 @@ def _reserve_names(pkg: Any) -> None:
             collections.deque(itertools.islice(counter, highest - current), maxlen=0)
 
 
-def _compile_patch(convert_frame: Any, package_error: type[BaseException]) -> list[tuple[Any, str, Any]]:
+def _refuse(refusals: Refusals | None, pkg: Any, exc: BaseException) -> None:
+    """Record that torch could not package ``pkg``'s function (never raises)."""
+    if refusals is None:
+        return
+    fn = getattr(pkg, "_innermost_fn", None)
+    identity = code_identity(fn)
+    if identity is None:
+        return
+    text = _one_line(exc)[:2000]
+    data = json.dumps({"function": _function_name(pkg), "error": text, "code": identity}, sort_keys=True)
+    try:
+        refusals.put(_source_id(pkg), data.encode("utf-8"))
+    except Exception as exc2:  # noqa: BLE001 - the compile already ran
+        log.debug("cachedb: recording the precompile refusal of %s: %s", _function_name(pkg), exc2)
+
+
+def _refused(refusals: Refusals | None, pkg: Any, fn: Any) -> str | None:
+    """The stored error of a refusal of ``fn`` (``pkg``'s function) whose code identity is
+    ``fn``'s, else ``None`` (never raises)."""
+    if refusals is None:
+        return None
+    try:
+        data = refusals.get(_source_id(pkg))
+        if data is None:
+            return None
+        record = json.loads(data)
+        if record.get("code") != code_identity(fn):
+            return None
+        return str(record.get("error") or "")
+    except Exception as exc:  # noqa: BLE001 - a refusal that cannot be read is none
+        log.debug("cachedb: reading the precompile refusal of %s: %s", _function_name(pkg), exc)
+        return None
+
+
+def _compile_patch(convert_frame: Any, package_error: type[BaseException],
+                   refusals: Refusals | None) -> list[tuple[Any, str, Any]]:
     original = getattr(convert_frame, "_compile", None)
     try:
         parameters = inspect.signature(original).parameters if original is not None else {}
@@ -191,7 +280,10 @@ def _compile_patch(convert_frame: Any, package_error: type[BaseException]) -> li
             if getattr(config, "strict_precompile", False):
                 raise
             drop(pkg, exc)
-        return without_precompile(*args, **kwargs)
+            failure = exc
+        result = without_precompile(*args, **kwargs)
+        _refuse(refusals, pkg, failure)  # the frame compiles without the package: the package's failure
+        return result
 
     return [(convert_frame, "_compile", _compile)]
 
@@ -212,7 +304,7 @@ def _record_patch(package: Any) -> list[tuple[Any, str, Any]]:
     return [(cls, "record_package", record_package)]
 
 
-def _load_patches(package: Any) -> list[tuple[Any, str, Any]]:
+def _load_patches(package: Any, refusals: Refusals | None) -> list[tuple[Any, str, Any]]:
     cls = package.CompilePackage
     original_initialize = getattr(cls, "initialize", None)
     original_install = getattr(cls, "install", None)
@@ -254,8 +346,17 @@ def _load_patches(package: Any) -> list[tuple[Any, str, Any]]:
 
     def initialize(self: Any, fn: Any, dynamo: Any = None, *args: Any, **kwargs: Any) -> Any:
         """``CompilePackage.initialize`` (torch/_dynamo/package.py); for a package cachedb
-        loaded, a failure (``check_versions``, the sources' checksums) leaves it fresh."""
-        if dynamo is None or _loaded.get(id(dynamo)) is not dynamo:
+        loaded, a failure (``check_versions``, the sources' checksums) leaves it fresh; a
+        fresh package of a function with a stored refusal is dropped at once."""
+        if dynamo is None:
+            result = original_initialize(self, fn, dynamo, *args, **kwargs)
+            config = sys.modules.get("torch._dynamo.config")
+            if not getattr(config, "strict_precompile", False) and (error := _refused(refusals, self, fn)) is not None:
+                _dropped.add(self)
+                _warn_once(self, "torch could not package %s on this system (%s, recorded); it is compiled "
+                                 "without a package", error)
+            return result
+        if _loaded.get(id(dynamo)) is not dynamo:
             return original_initialize(self, fn, dynamo, *args, **kwargs)
         try:
             result = original_initialize(self, fn, dynamo, *args, **kwargs)
@@ -291,10 +392,11 @@ def _load_patches(package: Any) -> list[tuple[Any, str, Any]]:
     return [(cls, "initialize", initialize), (cls, "install", install)]
 
 
-def patches(package: Any) -> list[tuple[Any, str, Callable[..., Any]]]:
+def patches(package: Any, refusals: Refusals | None = None) -> list[tuple[Any, str, Callable[..., Any]]]:
     """``(owner, attribute, replacement)`` of each fallback seam of ``package`` (the imported
     ``torch._dynamo.package``) and ``torch._dynamo.convert_frame``; those this torch lacks are
-    left out."""
+    left out. ``refusals``: where the functions torch could not package are recorded and read
+    (``None``: nowhere, each process tries again)."""
     found: list[tuple[Any, str, Callable[..., Any]]] = []
     if not hasattr(package, "CompilePackage") or not hasattr(package, "DiskDynamoCache"):
         log.debug("cachedb: torch._dynamo.package has no CompilePackage: no precompile fallback")
@@ -304,9 +406,9 @@ def patches(package: Any) -> list[tuple[Any, str, Callable[..., Any]]]:
     if convert_frame is None or not isinstance(package_error, type):
         log.debug("cachedb: torch._dynamo.convert_frame or PackageError missing: no precompile fallback")
     else:
-        found += _compile_patch(convert_frame, package_error)
+        found += _compile_patch(convert_frame, package_error, refusals)
         if found:
             found += _record_patch(package)
     if hasattr(package, "counters"):
-        found += _load_patches(package)
+        found += _load_patches(package, refusals)
     return found

@@ -1,12 +1,14 @@
 """Dynamo's own caches: one opaque pickle per key, the newer one winning.
 
-===============  ======================  ==============================================  ==========
-kind             table                   torch's file under ``cache_dir()``              key
-===============  ======================  ==============================================  ==========
-``pgo``          ``pgo_profiles``        ``dynamo/code_state_<key>.pkl``                 file name
-``precompile``   ``dynamo_packages``     ``dynamo/<source id>/entry``                    source id
+======================  =======================  ======================================  ==========
+kind                    table                    torch's file under ``cache_dir()``      key
+======================  =======================  ======================================  ==========
+``pgo``                 ``pgo_profiles``         ``dynamo/code_state_<key>.pkl``         file name
+``precompile``          ``dynamo_packages``      ``dynamo/<source id>/entry``            source id
                                                                                          and system
-===============  ======================  ==============================================  ==========
+``precompile_refusal``  ``precompile_refusals``  none (cachedb's own record)             as the
+                                                                                         package's
+======================  =======================  ======================================  ==========
 
 A package written live is keyed ``<source id>.<system tag>`` (:func:`cachedb.keys.package_key`:
 torch checks the system a package was built for when it loads it), one imported from torch's
@@ -14,7 +16,12 @@ files or a Mega-Cache blob by its source id alone; both name the file ``dynamo/<
 id>/entry``, so an export writes, of a function's packages, the newest
 (:func:`newest_per_file`).
 
-The kinds are named after their Mega-Cache artifact types (torch/compiler/_cache.py). A row's
+A refusal records that torch could not build the package of a function on a system (a JSON
+payload of cachedb's: :mod:`cachedb.live._precompile_fallback`); it has no file or Mega-Cache
+artifact of torch's, so imports, exports and Mega-Cache blobs hold only :data:`FILE_KINDS`, and
+it goes with the database (copy, merge, the remote tier, verify, prune).
+
+The file kinds are named after their Mega-Cache artifact types (torch/compiler/_cache.py). A row's
 ``payload`` is the pickle torch wrote, stored as any payload (:mod:`cachedb.store.payload`:
 zstd frame, size, SHA-256 checksum; signed under ``CACHEDB_HMAC_KEY``) and handed back to torch
 as it is: cachedb never unpickles it, and so never merges two of them. Torch rewrites a profile
@@ -48,10 +55,12 @@ if TYPE_CHECKING:
     from sqlalchemy import Connection
     from sqlalchemy.orm import Session
 
-#: The kinds, by Mega-Cache artifact type.
+#: The kinds.
 KINDS = tuple(DYNAMO_TABLES)
+#: The kinds torch keeps in files under ``cache_dir()`` and in Mega-Cache blobs, by artifact type.
+FILE_KINDS = ("pgo", "precompile")
 #: How each kind is named in reports (``cachedb stats``, import and export counts).
-LABELS = {"pgo": "pgo_profile", "precompile": "dynamo_package"}
+LABELS = {"pgo": "pgo_profile", "precompile": "dynamo_package", "precompile_refusal": "precompile_refusal"}
 
 #: ``code_state_path`` (torch/_dynamo/pgo.py) replaces these in the PGO cache key.
 _PGO_UNSAFE = re.compile(r'[<>:"/\\|?*]')
@@ -87,7 +96,7 @@ def check_key(kind: str, key: str) -> None:
         raise BadInputError(key or "<empty>", f"not a {kind} key: 1 to {limit} printable characters")
     if kind == "pgo" and _PGO_UNSAFE.search(key):
         raise BadInputError(key, 'not a PGO key as its file name holds it (no <>:"/\\|?*)')
-    if kind == "precompile" and (not PACKAGE_KEY.fullmatch(key) or key in (".", "..")):
+    if kind in ("precompile", "precompile_refusal") and (not PACKAGE_KEY.fullmatch(key) or key in (".", "..")):
         raise BadInputError(key, "not a package key: one directory name (a source id)")
 
 
@@ -107,7 +116,8 @@ def newest_per_file(kind: str, rows: Iterator[tuple[str, bytes, dt.datetime]]) -
 
 
 def file_of(kind: str, key: str) -> str:
-    """The path, relative to ``cache_dir()``, of the file torch keeps the entry ``key`` in."""
+    """The path, relative to ``cache_dir()``, of the file torch keeps the entry ``key`` in
+    (``ValueError`` for a kind torch keeps no file of)."""
     if kind == "pgo":
         return f"dynamo/code_state_{key}.pkl"
     if kind == "precompile":  # one file per function: the system tag is not in torch's name

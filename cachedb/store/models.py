@@ -32,7 +32,7 @@ __all__ = [
     "NEWEST_WINS_COMPARED", "VIEW_NAMES", "utcnow",
     "Base", "SystemFingerprint", "GuardedEntry", "AutotuneKey", "AutotuneRun", "AutotuneTiming",
     "LocalCacheValue", "BestConfig", "QuarantinedEntry", "CutlassOpList", "CutlassOp", "KernelBlob",
-    "KernelArtifact", "PgoProfile", "DynamoPackage", "RowOrigin",
+    "KernelArtifact", "PgoProfile", "DynamoPackage", "PrecompileRefusal", "RowOrigin",
 ]
 
 
@@ -419,3 +419,18 @@ class DynamoPackage(_DynamoPayload, Base):
     """
 
     __table__ = tables.dynamo_packages
+
+
+class PrecompileRefusal(_DynamoPayload, Base):
+    """A function torch could not package for caching precompile on one system, revision 0010.
+
+    ``key`` is the key its package would have (:func:`cachedb.keys.package_key`: the source id
+    and the system tag). ``payload`` is cachedb's JSON, ``{"function", "error", "code"}``: the
+    qualified name, the one-line error torch raised, and the function's code identity
+    (:func:`cachedb.live._precompile_fallback.code_identity`); a refusal whose code identity
+    differs from the function's is ignored, and the package is tried again. One row per key,
+    the newer ``updated_at`` wins. ``last_used_at`` (indexed) and ``hit_count`` count serves
+    (eviction).
+    """
+
+    __table__ = tables.precompile_refusals

@@ -21,6 +21,8 @@ table                        Inductor artifact
                              PGO profiles, Dynamo packages)
 ``pgo_profiles``             ``dynamo/code_state_<key>.pkl`` (Dynamo's PGO profiles, revision 0006)
 ``dynamo_packages``          ``dynamo/<source id>/entry`` (precompiled Dynamo packages, revision 0007)
+``precompile_refusals``      none: a function torch could not package on a system, so that
+                             precompile leaves it out at once (revision 0010)
 ===========================  ==================================================================
 
 What each column holds is documented on its typed ORM class in :mod:`cachedb.store.models`, which
@@ -82,12 +84,14 @@ NATURAL_KEY_COLUMNS = {
 #: Columns compared to tell whether a newest-wins row (the same key on both sides) changed.
 NEWEST_WINS_COMPARED = {
     "local_cache_values": ("value_json",), "best_configs": ("content",), "pgo_profiles": ("checksum",),
-    "dynamo_packages": ("checksum",),
+    "dynamo_packages": ("checksum",), "precompile_refusals": ("checksum",),
 }
 
-#: Dynamo's own caches, by their Mega-Cache artifact type (torch/compiler/_cache.py): the table
-#: of each (:mod:`cachedb.repositories.dynamo`). One row per key, the newer ``updated_at`` wins.
-DYNAMO_TABLES = {"pgo": "pgo_profiles", "precompile": "dynamo_packages"}
+#: Dynamo's own caches, by their Mega-Cache artifact type (torch/compiler/_cache.py), and
+#: cachedb's record of the functions torch could not package (``precompile_refusal``, no file
+#: or artifact of torch's): the table of each (:mod:`cachedb.repositories.dynamo`). One row per
+#: key, the newer ``updated_at`` wins.
+DYNAMO_TABLES = {"pgo": "pgo_profiles", "precompile": "dynamo_packages", "precompile_refusal": "precompile_refusals"}
 
 
 def utcnow() -> dt.datetime:
@@ -334,6 +338,13 @@ pgo_profiles = _dynamo_table("pgo_profiles", 512)
 #: ``DiskDynamoCache``, keyed by the compiled function's source id
 #: (``CompilePackage.source_id_from_fn``, torch/_dynamo/package.py).
 dynamo_packages = _dynamo_table("dynamo_packages", 128)
+
+#: Functions torch could not package for caching precompile (revision 0010), keyed as their
+#: packages would be (the source id and the system tag, :func:`cachedb.keys.package_key`): the
+#: payload is cachedb's JSON, what failed and the function's code identity
+#: (:mod:`cachedb.live._precompile_fallback`). A warm start with precompile on compiles such a
+#: function without a package at once instead of failing to build one again.
+precompile_refusals = _dynamo_table("precompile_refusals", 128)
 
 
 #: Where a row of the local file came from, when it crossed into it from another database (a

@@ -145,6 +145,14 @@ TABLES: dict[str, dict[str, Any]] = {
                     "hit_count": "processes served", "updated_at": "the newer of two packages of a key wins"},
         "units": {"size_bytes": _BYTES},
     },
+    "precompile_refusals": {
+        "description": "Functions torch could not package for caching precompile on a system: a warm start "
+                       "compiles them without a package at once. The payload is JSON: the function, the error, "
+                       "its code identity.",
+        "columns": {"key": "the function's source id and system tag, as its package would be keyed",
+                    "hit_count": "processes served", "updated_at": "the newer of two refusals of a key wins"},
+        "units": {"size_bytes": _BYTES},
+    },
     "row_origins": {
         "description": "In a machine's file: the rows that crossed in from another database (a remote tier's "
                        "pull, copy/merge --require-signed) and who vouched for them.",
