@@ -239,6 +239,18 @@ def test_code_identity_follows_the_bytecode_not_where_it_lies() -> None:
     assert code_identity(M().forward) == code_identity(M.forward)
 
 
+def test_code_identity_is_the_same_in_every_process() -> None:
+    """A ``frozenset`` constant's ``repr`` follows string hashing, which differs per process."""
+    script = ("from cachedb.live._precompile_fallback import code_identity\n"
+              "def f(x):\n    return x in {'alpha', 'beta', 'gamma', 'delta', 'epsilon'}\n"
+              "print(repr(f.__code__.co_consts), code_identity(f))\n")
+    runs = [subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=ROOT,
+                           env={**os.environ, "PYTHONHASHSEED": seed}).stdout.rsplit(" ", 1) for seed in "123"]
+    reprs, outs = [r for r, _ in runs], [i.strip() for _, i in runs]
+    assert len(set(reprs)) > 1  # the constant's repr differs between these processes
+    assert len(set(outs)) == 1 and len(outs[0]) == 16, outs
+
+
 def test_a_directory_holding_only_a_profile_is_a_cache(tmp_path: Path) -> None:
     cache = tmp_path / "inductor"
     (cache / "dynamo").mkdir(parents=True)

@@ -99,6 +99,16 @@ class Refusals(Protocol):
         """Record the refusal ``data`` (JSON) for ``source_id`` on this system."""
 
 
+def _const_text(const: Any) -> str:
+    """A constant's text, the same in every process: a ``frozenset``'s elements sorted (its
+    ``repr`` follows string hashing, which differs per process)."""
+    if isinstance(const, (frozenset, set)):
+        return "frozenset({" + ", ".join(sorted(_const_text(c) for c in const)) + "})"
+    if isinstance(const, tuple):
+        return "(" + ", ".join(_const_text(c) for c in const) + ",)"
+    return repr(const)
+
+
 def _code_digest(code: types.CodeType, digest: Any) -> None:
     for part in (code.co_code, code.co_names, code.co_varnames, code.co_freevars, code.co_cellvars):
         digest.update(repr(part).encode("utf-8", "backslashreplace"))
@@ -106,7 +116,7 @@ def _code_digest(code: types.CodeType, digest: Any) -> None:
         if isinstance(const, types.CodeType):
             _code_digest(const, digest)
         else:
-            digest.update(repr(const).encode("utf-8", "backslashreplace"))
+            digest.update(_const_text(const).encode("utf-8", "backslashreplace"))
 
 
 def code_identity(fn: Any) -> str | None:
