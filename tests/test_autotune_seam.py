@@ -140,6 +140,45 @@ def test_a_served_coordesc_winner_keeps_its_mark_across_a_compile_workers_pickle
     assert not getattr(pickle.loads(pickle.dumps(marked)), "found_by_coordesc", False)  # restored
 
 
+def _served_in_worker(filename: str, configs: list, meta: dict) -> tuple:
+    """What a compile worker does for a kernel: ``check_autotune_cache``; returned through the
+    pool's pipe (pickled)."""
+    import os
+
+    from torch._inductor.runtime.triton_heuristics import check_autotune_cache
+
+    served, _, info = check_autotune_cache(list(configs), filename, meta)
+    return served, info["autotune_cache_state"], os.getpid()
+
+
+@pytest.mark.torch
+def test_a_fork_compile_worker_serves_the_winner_with_its_mark(tmp_path: Path) -> None:
+    """Inductor's fork pool (``worker_start_method="fork"``, ``AsyncCompile.process_pool``): the
+    worker reads the winner from the database it inherited the path of, and the parent gets it
+    back with ``found_by_coordesc``, so ``CachingAutotuner.run`` does not tune it again."""
+    import os
+
+    import cachedb
+    from torch._inductor import config as inductor_config
+    from torch._inductor.async_compile import AsyncCompile
+    from triton import Config
+
+    meta = {"coordinate_descent_tuning": True}
+    filename = _kernel_path(tmp_path)
+    configs = _reduction_configs()[:1]
+    winner = Config({"XBLOCK": 2, "R0_BLOCK": 1024}, num_warps=8, num_stages=1)
+    with cachedb.installed(tmp_path / "w.db"):
+        _save_winner(filename, configs, winner, coordesc=True)
+        with inductor_config.patch(worker_start_method="fork", compile_threads=2):
+            pool = AsyncCompile.process_pool()
+            try:
+                served, state, pid = pool.submit(_served_in_worker, filename, configs, meta).result(timeout=120)
+            finally:
+                pool.shutdown()
+    assert pid != os.getpid() and state == "hit"
+    assert served[0].kwargs == winner.kwargs and served[0].found_by_coordesc is True
+
+
 @pytest.mark.torch
 def test_a_served_reduction_winner_is_not_widened_again(tmp_path: Path) -> None:
     """``_dynamic_scale_rblock`` (torch 2.11 runs it on every precompile) adds a halved-RBLOCK
