@@ -74,6 +74,8 @@ def fill(db: CacheDB, cache_dir: Path, *, tag: str = "a", quarantine: bool = Tru
         fingerprint = repos.session.execute(text("SELECT min(id) FROM system_fingerprints")).scalar_one()
         repos.pgo.put(f"job_{tag}_None_", rng.randbytes(700), fingerprint_id=fingerprint)  # a PGO profile
         repos.dynamo("precompile").put(f"{tag * 64}", rng.randbytes(5000), fingerprint_id=fingerprint)  # a package
+        repos.dynamo("precompile_refusal").put(f"{tag * 64}.0123456789abcdef", b'{"error": "PackageError"}',
+                                               fingerprint_id=fingerprint)  # a function torch cannot package
         repos.local_values.add_leaves(fingerprint, [
             ValueLeaf(("pad_mm", f"shape-{tag}"), True, next_position(repos.session)),
             ValueLeaf(("pad_mm", "shared"), False, next_position(repos.session) + 1)])
