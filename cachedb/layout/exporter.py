@@ -30,7 +30,7 @@ from .._errors import ExportError
 from ..store.files import write_atomic
 from ..formats.triton_layout import EXPORT_DIR, GROUP_PREFIX, relocate_group
 from ..db import CacheDB
-from ..repositories.dynamo import FILE_KINDS as DYNAMO_KINDS
+from ..repositories.dynamo import FILE_KINDS as DYNAMO_FILE_KINDS
 from ..repositories.dynamo import LABELS as _DYNAMO_LABELS
 from ..repositories.dynamo import file_of, newest_per_file
 
@@ -126,7 +126,7 @@ def _export(db: CacheDB, target: str | os.PathLike[str], *, prefer_host: str | N
         for request_key, data in repos.cutlass.iter_all():
             put("cutlass_op_list", f"configs_{request_key}.json", data)
 
-        for kind in DYNAMO_KINDS:
+        for kind in DYNAMO_FILE_KINDS:
             label = _DYNAMO_LABELS[kind]
             for key, data, _ in newest_per_file(kind, repos.dynamo(kind).iter_all()):
                 put(label, file_of(kind, key), data)

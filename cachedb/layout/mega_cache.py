@@ -49,7 +49,7 @@ from typing import Any
 from .._errors import input_error_reason, BadInputError, CacheDBError, TorchUnavailableError
 from ..db import CacheDB, Repos
 from ..fingerprint import Fingerprint
-from ..repositories.dynamo import FILE_KINDS as DYNAMO_KINDS
+from ..repositories.dynamo import FILE_KINDS as DYNAMO_FILE_KINDS
 from ..keys.dynamo_package import package_source_id
 from ..repositories.dynamo import newest_per_file, pgo_key
 from .importer import Problem
@@ -154,7 +154,7 @@ def build_artifacts(db: CacheDB) -> ArtifactExport:
                 left_out.append(Problem(key, "best config key is not '<k[1:3]>/<name>.best_config'"))
                 continue
             chunks["autotune"].append(create("autotune", key, content.encode("utf-8")))
-        for kind in DYNAMO_KINDS:  # Dynamo's caches, keyed as their files are named
+        for kind in DYNAMO_FILE_KINDS:  # Dynamo's caches, keyed as their files are named
             for key, content, _ in newest_per_file(kind, repos.dynamo(kind).iter_all()):
                 chunks[kind].append(create(kind, key if kind == "pgo" else package_source_id(key), content))
     items = [(t, arts) for t, arts in chunks.items() if arts]
@@ -274,7 +274,7 @@ def _store_one(repos: Repos, type_: str, key: str, content: bytes, fp_id: int | 
         except UnicodeDecodeError as exc:
             raise BadInputError(where, f"not UTF-8 text: {exc}") from None
         added = repos.best_configs.put(key, text, fingerprint_id=fp_id)
-    elif type_ in DYNAMO_KINDS:
+    elif type_ in DYNAMO_FILE_KINDS:
         stored = pgo_key(key) if type_ == "pgo" else key
         added = repos.dynamo(type_).put(stored, content, fingerprint_id=fp_id)
     else:
