@@ -7,6 +7,9 @@ seam (torch 2.11 / 2.13)                               served from
 ``FxGraphCache.iterate_over_candidates`` (local part)   ``guarded_entries``
 ``AOTAutogradCache._write_to_local_cache``              ``guarded_entries`` (kind ``aotautograd``)
 ``AOTAutogradCache.iterate_over_candidates``            ``guarded_entries``
+``BundledOutputCodeLoadable.pre_save`` (torch >= 2.11,  ``guarded_entries``: a bundled entry whose
+where torch has it)                                     forward ran before it is saved
+                                                        (:mod:`cachedb.live._bundled_aot`)
 ``CacheBase.get_local_cache`` / ``update_local_cache``   ``autotune_timings``, ``local_cache_values``
 ``LocalCache.lookup``                                   same (fixed: several keys work)
 ``LocalAutotuneCache.backend_override_cls``             ``best_configs``
@@ -62,7 +65,7 @@ from typing import Any
 
 from .._errors import CacheDBError
 from ._autoload import spec_from_others
-from . import _pgo, _precompile
+from . import _bundled_aot, _pgo, _precompile
 from ._cpp_cache import wrap_build, wrap_precompile_header, wrap_worker_compile_cpp
 from ._store import LazyLocalCache, LiveStore
 
@@ -503,7 +506,8 @@ def module_patches(name: str, store: LiveStore, *, retune: bool = False) -> list
         return (_guarded_seams(store, _require(CODECACHE, "FxGraphCache"), "fxgraph")
                 + _local_cache_seams(store) + _worker_compile_cpp_seam())
     if name == AOT_CACHE:
-        return _guarded_seams(store, _require(AOT_CACHE, "AOTAutogradCache"), "aotautograd")
+        return (_guarded_seams(store, _require(AOT_CACHE, "AOTAutogradCache"), "aotautograd")
+                + [_Patch(owner, attr, new) for owner, attr, new in _bundled_aot.patches()])
     if name == AUTOTUNE_CACHE:
         return _best_config_seams(store)
     if name == CPP_BUILDER:
