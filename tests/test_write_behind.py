@@ -271,14 +271,17 @@ def test_compile_twice_in_one_process_hits_its_own_queued_put(tmp_path: Path) ->
         from torch._dynamo.utils import counters
         def f(x):
             return (x.sin() * 2 + x.cos()).sum(dim=0)
-        x = torch.randn(64, 32)
+        x = torch.randn(64, 32, generator=torch.Generator().manual_seed(0))
         with cachedb.installed({str(tmp_path / "c.db")!r}) as store:
             a = torch.compile(f)(x)
             torch._dynamo.reset()
             counters.clear()
             b = torch.compile(f)(x)
+            # A float32 sum of 64 terms in another order differs in its last bits, and near
+            # zero by more than rtol alone allows: compare within float32 tolerance.
+            close = lambda u, v: torch.allclose(u, v, rtol=1e-4, atol=1e-4)
             print(counters["inductor"]["fxgraph_cache_hit"], store.writer.counts["queued"] >= 1,
-                  torch.allclose(a, b) and torch.allclose(a, f(x)))
+                  close(a, b) and close(a, f(x)))
     """)
     env = {**os.environ, "PYTHONPATH": str(REPO), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
            "TORCHINDUCTOR_FX_GRAPH_CACHE": "1"}
