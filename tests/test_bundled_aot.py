@@ -131,3 +131,18 @@ def test_an_entry_whose_kernels_never_ran_is_left_as_torch_made_it(tmp_path: Pat
         entry.pre_save()
     assert entry.result._triton_bundle is bundle
     assert bundle.static_autotuners[0].kernel is tuner
+
+
+def test_the_seam_is_installed_exactly_where_torch_has_the_loadable() -> None:
+    """``patches`` wraps ``BundledOutputCodeLoadable.pre_save`` where this torch defines it (2.11
+    to 2.15) and installs nothing where it does not: the tests above skip only in that case."""
+    import importlib
+
+    from cachedb.live import _bundled_aot
+
+    try:
+        loadable = getattr(importlib.import_module(_bundled_aot.MODULE), "BundledOutputCodeLoadable", None)
+    except ImportError:
+        loadable = None
+    wrapped = [(owner, attr) for owner, attr, _ in _bundled_aot.patches()]
+    assert wrapped == ([] if loadable is None else [(loadable, "pre_save")])
