@@ -165,7 +165,9 @@ class CacheDB:
     is written and refuses to serve what does not verify. ``network_timeout_s`` bounds, in
     seconds, connecting to a server database and each statement there (see
     :func:`~cachedb.store.engine.create_cachedb_engine`; ``statement_timeout=False`` leaves the
-    statements' bound out, for a pooler that refuses it).
+    statements' bound out, for a pooler that refuses it). ``upgrade_lock_timeout_s`` bounds, in
+    seconds, the wait for another process's schema upgrade (the live path passes its lookup
+    timeout: a compiling process never waits minutes for a migration).
 
     Raises:
         NotADatabaseError: the path holds a file that is not SQLite (left untouched).
@@ -183,6 +185,7 @@ class CacheDB:
         signer: Signer | None = None,
         network_timeout_s: float | None = None,
         statement_timeout: bool = True,
+        upgrade_lock_timeout_s: float = migrate.DEFAULT_UPGRADE_LOCK_TIMEOUT_S,
     ) -> None:
         self.signer = signer if signer is not None else Signer.from_environment()
         #: The revision :meth:`check_schema` read when opened with ``upgrade=False``.
@@ -192,6 +195,8 @@ class CacheDB:
             self.url = to_url(raw)
             self.path: Path | None = sqlite_path(self.url)
             self.where = str(self.path) if self.path is not None else self.url.render_as_string(hide_password=True)
+            if upgrade and self.path is not None:  # a new file: a copy of one at the head revision
+                migrate.create_at_head(self.path, lock_timeout_s=upgrade_lock_timeout_s)
             self.engine: Engine = create_cachedb_engine(
                 self.url, busy_timeout_s=busy_timeout_s, network_timeout_s=network_timeout_s,
                 statement_timeout=statement_timeout,
@@ -202,7 +207,7 @@ class CacheDB:
             raise DatabaseOpenError(f"{raw}: not a usable database location or URL: {exc}") from exc
         try:
             if upgrade:
-                migrate.upgrade(self.engine, where=self.where)
+                migrate.upgrade(self.engine, where=self.where, lock_timeout_s=upgrade_lock_timeout_s)
             else:
                 self.check_schema()
         except (OperationalError, DatabaseError, UnicodeDecodeError) as exc:

@@ -22,6 +22,7 @@ LAYERS: dict[str, int] = {
     "formats": 2,
     "keys": 1,
     "fingerprint": 1,
+    "settings": 1,
     "repositories": 3,
     "db": 4,
     "layout": 5,

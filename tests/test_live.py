@@ -254,25 +254,38 @@ def test_rebenchmark_adds_history_and_lookup_sees_the_latest(tmp_path: Path) -> 
     assert [tuple(r) for r in history] == [("a", 2), ("b", 2), ("c", 1)]
 
 
-def test_local_cache_lookup_with_several_keys(tmp_path: Path) -> None:
-    result = _run_python(
-        f"""
-        import cachedb
+def test_local_cache_answers_as_torchs_files_do(tmp_path: Path) -> None:
+    """``LocalCache`` (pad_mm's and the scheduler's cache) under cachedb gives the answers
+    torch's own file gives, its multi-key ``lookup`` included (which tests each key against the
+    top level: torch's own behaviour, kept), and the values live in the database."""
+    code = """
+        import sys, cachedb
         from torch._inductor.codecache import LocalCache
-        LocalCache().set_value("pad_mm", "shape_key", value=True)
-        print("files:", LocalCache().lookup("pad_mm", "shape_key"))
-        cachedb.install({str(tmp_path / 'lc.db')!r})
+        if sys.argv[1] == "cachedb":
+            cachedb.install(sys.argv[2])
         LocalCache().set_value("pad_mm", "shape_key", value=True)
         LocalCache().set_value("pad_mm", "other", value=[1, 2])
-        print("cachedb:", LocalCache().lookup("pad_mm", "shape_key"), LocalCache().lookup("pad_mm", "other"),
-              LocalCache().lookup("pad_mm", "missing"), LocalCache().lookup("pad_mm"))
-        """,
-        {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "ind")},
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    lines = result.stdout.strip().splitlines()
-    assert lines[-2] == "files: None"  # Inductor's own multi-key lookup always misses
-    assert lines[-1] == "cachedb: True [1, 2] None {'shape_key': True, 'other': [1, 2]}"
+        print(LocalCache().lookup("pad_mm", "shape_key"), LocalCache().lookup("pad_mm", "other"),
+              LocalCache().lookup("pad_mm", "missing"), LocalCache().lookup("pad_mm"),
+              LocalCache().lookup("shape_key"), LocalCache().lookup("absent"))
+        """
+    answers = {}
+    for mode in ("files", "cachedb"):
+        script = tmp_path / "lc.py"
+        script.write_text(textwrap.dedent(code))
+        env = {k: v for k, v in os.environ.items() if not k.startswith("CACHEDB_")}
+        env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path / f"ind-{mode}")
+        result = subprocess.run([sys.executable, str(script), mode, str(tmp_path / "lc.db")],
+                                capture_output=True, text=True, env=env, timeout=300)
+        assert result.returncode == 0, result.stderr[-3000:]
+        answers[mode] = result.stdout.strip().splitlines()[-1]
+    assert answers["cachedb"] == answers["files"] == "None None None {'shape_key': True, 'other': [1, 2]} None None"
+    assert not (tmp_path / "ind-cachedb" / "cache").exists()  # stored in the database, not the file
+    db = CacheDB(tmp_path / "lc.db")
+    with db.read() as repos:
+        stored = repos.session.execute(text("SELECT count(*) FROM local_cache_values")).scalar()
+    db.close()
+    assert stored == 2
 
 
 _COMPILE = """
@@ -355,8 +368,8 @@ def test_missing_seam_refuses_to_install(monkeypatch: pytest.MonkeyPatch, tmp_pa
 
     before = (vars(codecache.FxGraphCache)["_write_to_local_cache"], LocalAutotuneCache.backend_override_cls)
     # Another torch version without this seam: install must refuse and patch nothing.
-    monkeypatch.delattr(codecache.LocalCache, "lookup")
-    with pytest.raises(cachedb.live.SeamMissingError, match="LocalCache"):
+    monkeypatch.delattr(codecache.CacheBase, "update_local_cache")
+    with pytest.raises(cachedb.live.SeamMissingError, match="CacheBase"):
         cachedb.install(tmp_path / "x.db")
     assert not cachedb.is_installed()
     assert (vars(codecache.FxGraphCache)["_write_to_local_cache"], LocalAutotuneCache.backend_override_cls) == before
@@ -650,7 +663,8 @@ def test_seam_modules_are_the_modules_install_patches() -> None:
 
     assert set(_autoload.SEAM_MODULES) == {
         _seams.CODECACHE, _seams.AOT_CACHE, _seams.AUTOTUNE_CACHE, _seams.CPP_BUILDER,
-        _seams.TRITON_HEURISTICS, _seams.PGO, _seams.PACKAGE, *(m[0] for m in _seams._CUTLASS_MODULES),
+        _seams.TRITON_HEURISTICS, _seams.PGO, _seams.PACKAGE, _seams.UTILS, _seams.CACHE_DIR_UTILS,
+        *(m[0] for m in _seams._CUTLASS_MODULES),
     }
     assert _autotune._MODULE == _seams.TRITON_HEURISTICS
 
@@ -670,7 +684,7 @@ def test_deferred_activation_with_a_missing_seam_patches_nothing(tmp_path: Path)
                 run = spec.loader.exec_module
                 def exec_module(module):
                     run(module)
-                    del module.LocalCache.lookup
+                    del module.CacheBase.update_local_cache
                 spec.loader.exec_module = exec_module
                 return spec
 
@@ -686,7 +700,7 @@ def test_deferred_activation_with_a_missing_seam_patches_nothing(tmp_path: Path)
     assert out.stdout.splitlines()[0].split() == ["False", "torch._inductor.codecache", "False"]
     assert out.stdout.splitlines()[1] == "[2.0, 2.0, 2.0, 2.0]"
     warnings = [l for l in out.stderr.splitlines() if "cachedb" in l]
-    assert len(warnings) == 1 and "LocalCache" in warnings[0], out.stderr
+    assert len(warnings) == 1 and "CacheBase.update_local_cache" in warnings[0], out.stderr
 
 
 def test_best_config_key_is_relative_to_whichever_cache_dir_wrote_it() -> None:

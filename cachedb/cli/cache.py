@@ -332,12 +332,18 @@ def run(obj: _Context, command: tuple[str, ...], remote: str | None, remote_time
     """
 
     from ..live import child_environment
+    from ..settings import SettingError, check_environment
 
     location = obj.location or default_location()
     if "://" not in location:
         location = os.path.abspath(os.path.expanduser(location))
     remote = remote or obj.remote
     env = child_environment(location, remote=remote, remote_timeout_s=remote_timeout)
+    try:
+        check_environment(env)  # what every process of the program would refuse, said once here
+    except SettingError as exc:
+        err.print(f"[bold red]error:[/] {exc}", highlight=False)
+        sys.exit(2)
     try:
         os.execvpe(command[0], list(command), env)
     except OSError as exc:

@@ -119,13 +119,9 @@ def backoff(deadline: float, *, first_s: float = 0.005, cap_s: float = 0.25) -> 
 
 def idle_seconds_from_environment() -> float:
     """``$CACHEDB_REMOTE_IDLE`` as seconds (at least 0), else :data:`DEFAULT_IDLE_S`."""
-    raw = os.environ.get(ENV_REMOTE_IDLE)
-    if not raw:
-        return DEFAULT_IDLE_S
-    try:
-        return max(0.0, float(raw))
-    except ValueError:
-        return DEFAULT_IDLE_S
+    from .. import settings
+
+    return float(settings.value_or_default(ENV_REMOTE_IDLE))
 
 
 class IdleCloser:

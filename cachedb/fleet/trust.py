@@ -35,6 +35,7 @@ from typing import Any
 
 from sqlalchemy import Connection, and_, bindparam, delete, insert, select, update
 
+from .. import settings
 from .._errors import CacheDBError, CorruptPayloadError
 from ..store.bulk import utc
 from ..store.payload import unpack
@@ -142,7 +143,7 @@ class TrustPolicy:
     def from_environment(cls, remote_trust: bool | None = None) -> TrustPolicy:
         """From ``CACHEDB_TRUSTED_KEYS``, ``CACHEDB_REMOTE_TRUST`` (or ``remote_trust``) and
         ``CACHEDB_SIGNING_KEY``. Raises :class:`~cachedb.KeyConfigError` for a bad key."""
-        accept = os.environ.get(ENV_REMOTE_TRUST) == "1" if remote_trust is None else remote_trust
+        accept = bool(settings.value_or_default(ENV_REMOTE_TRUST)) if remote_trust is None else remote_trust
         return cls(TrustedKeys.from_environment(), accept, SigningKey.from_environment())
 
     @property

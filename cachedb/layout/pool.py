@@ -28,6 +28,8 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from typing import TypeVar
 
+from .. import settings
+
 __all__ = ["STALL_LIMIT_S", "default_workers", "map_in_workers"]
 
 log = logging.getLogger("cachedb")
@@ -50,12 +52,13 @@ def default_workers() -> int:
     On 2 CPUs one worker imports the 10,000 small files of ``benchmarks`` §5 in ~0.67 s and
     its 1,499 ~100 KB entries in ~0.7 s, against ~0.76 s and ~0.85 s with two: three busy
     processes on two CPUs take turns, and the writer, which bounds the import, waits."""
-    env = os.environ.get("CACHEDB_IMPORT_WORKERS", "").strip()
-    if env:
-        try:
-            return max(0, int(env))
-        except ValueError:
-            log.warning("CACHEDB_IMPORT_WORKERS=%r is not an integer: ignored", env)
+    try:
+        workers = settings.read("CACHEDB_IMPORT_WORKERS")
+    except settings.SettingError as exc:
+        log.warning("%s: ignored", exc)
+        workers = None
+    if workers is not None:
+        return int(workers)
     if not sys.platform.startswith("linux"):
         return 0
     cpus = len(os.sched_getaffinity(0))

@@ -18,22 +18,23 @@ import logging
 import os
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from dataclasses import dataclass
 from typing import Any
 
+from .. import settings as _settings
 from ..store.engine import default_location, to_url
 from .._errors import TorchUnavailableError
 from ..fleet.trust import ENV_REMOTE_TRUST, TrustPolicy
 from ..keys._versions import untested_torch_warning
-from . import _autoload, _precompile, _seams
-from ._remote import ENV_REMOTE_TIMEOUT, ENV_REMOTE_URL, DEFAULT_REMOTE_TIMEOUT_S, RemoteTier
+from . import _autoload, _precompile, _scopes, _seams
+from ._remote import ENV_REMOTE_TIMEOUT, ENV_REMOTE_URL, RemoteTier
 from ._seams import SeamMissingError
-from ._store import DEFAULT_LIVE_TIMEOUT_S, LiveStore
+from ._store import LiveStore
 from ._writer import ENV_WRITE_BEHIND
-from ._writer import enabled_by_environment as write_behind_by_environment
 
 log = logging.getLogger("cachedb.live")
 
@@ -111,8 +112,12 @@ def install(
 
     ``path`` is an SQLite file or SQLAlchemy URL (default: :func:`cachedb.default_location`).
     ``timeout_s`` (seconds, default ``$CACHEDB_TIMEOUT`` or 10) bounds how long a lookup waits
-    on a locked database before it counts as a miss. Child processes inherit the activation
-    through the environment. Calling it again with another path switches databases.
+    on a locked database (and for another process's schema upgrade); past it, the lookup is a
+    miss and torch's own files serve for 30 s. Child processes inherit the activation through
+    the environment. Calling it again with another path switches databases.
+
+    Every ``CACHEDB_*`` variable is checked first (:mod:`cachedb.settings`); a value of the
+    wrong form raises :class:`cachedb.settings.SettingError` naming it, and nothing is patched.
     Pickled entries are not loaded from a database owned by another user or writable by
     others unless ``trust=True`` (or ``CACHEDB_TRUST=1``).
 
@@ -161,9 +166,16 @@ def install(
     without a ``torch.compiler.save_cache_artifacts()`` call (:mod:`cachedb.live._precompile`).
     With it on, Dynamo drops some guards (docs/dynamo-caches.md): off unless asked.
 
-    Raises :class:`TorchUnavailableError` without torch, and :class:`SeamMissingError` when
-    the installed torch (or Triton) lacks a seam (nothing is patched then). A database that
-    cannot be opened does not raise: it logs one warning and every lookup is a miss.
+    torch's own isolation is kept (:mod:`cachedb.live._scopes`): a ``fresh_cache()`` block is
+    served by a database of its own in its directory, a ``temporary_cache_dir()`` block by
+    torch's files; ``FxGraphCache.clear()`` and the other cache classes' ``clear()`` clear the
+    database that serves too.
+
+    Raises :class:`TorchUnavailableError` without torch, :class:`SeamMissingError` when the
+    installed torch (or Triton) lacks a seam or has it with another signature, and
+    :class:`cachedb.settings.SettingError` for a bad ``CACHEDB_*`` value (nothing is patched
+    then). A database that cannot be opened does not raise: it logs one warning and torch's
+    own files serve.
     """
     _disarm_watch()  # an explicit install replaces the environment's deferred activation
     _flush_active()  # a store this replaces writes its queue first
@@ -211,18 +223,21 @@ class _Settings:
                 retune: bool | None = None, remote: str | None = None,
                 remote_timeout_s: float | None = None, write_behind: bool | None = None,
                 remote_trust: bool | None = None) -> _Settings:
+        """The arguments given, each missing one from its ``CACHEDB_*`` variable; every
+        variable is checked (:func:`cachedb.settings.check_environment`). Raises
+        :class:`cachedb.settings.SettingError` for a value of the wrong form."""
+        env = _settings.check_environment()
         location = os.fspath(path) if path is not None else default_location()
         if "://" not in location:
             location = str(Path(location).expanduser().resolve())
         return cls(
             location=location,
-            timeout_s=timeout_s if timeout_s is not None else float(os.environ.get(ENV_TIMEOUT) or DEFAULT_LIVE_TIMEOUT_S),
-            retune=retune if retune is not None else os.environ.get(ENV_RETUNE) == "1",
-            remote=remote if remote is not None else os.environ.get(ENV_REMOTE_URL) or None,
-            remote_timeout_s=(remote_timeout_s if remote_timeout_s is not None
-                              else float(os.environ.get(ENV_REMOTE_TIMEOUT) or DEFAULT_REMOTE_TIMEOUT_S)),
-            write_behind=write_behind if write_behind is not None else write_behind_by_environment(),
-            remote_trust=remote_trust if remote_trust is not None else os.environ.get(ENV_REMOTE_TRUST) == "1",
+            timeout_s=timeout_s if timeout_s is not None else env[ENV_TIMEOUT],
+            retune=retune if retune is not None else env[ENV_RETUNE],
+            remote=remote if remote is not None else env[ENV_REMOTE_URL],
+            remote_timeout_s=remote_timeout_s if remote_timeout_s is not None else env[ENV_REMOTE_TIMEOUT],
+            write_behind=write_behind if write_behind is not None else env[ENV_WRITE_BEHIND],
+            remote_trust=remote_trust if remote_trust is not None else env[ENV_REMOTE_TRUST],
         )
 
     def store(self, *, trust: bool = False) -> LiveStore:
@@ -383,25 +398,42 @@ def _active_or_deferred() -> LiveStore | None:
 _exit_registered = False
 
 
+def _exit_flush_s() -> float:
+    """``$CACHEDB_EXIT_FLUSH`` (seconds, 5): how long a process waits at exit for its queued
+    writes; a bad value is the default (it was reported at install)."""
+    try:
+        return float(_settings.read("CACHEDB_EXIT_FLUSH"))
+    except _settings.SettingError:
+        return float(_settings.VARIABLES["CACHEDB_EXIT_FLUSH"].default)
+
+
 def _close_at_exit() -> None:
-    """Close the active store when the process exits: pending hit counts are written and
-    the last connection's close checkpoints SQLite's write-ahead log into the ``.db`` file,
-    so the file alone holds everything (it is what users copy to other machines)."""
+    """Close the active store when the process exits, waiting at most ``$CACHEDB_EXIT_FLUSH``
+    seconds (5) for what is queued (FX graph / AOTAutograd puts, then the remote tier's
+    copies); pending hit counts are written, and a passive checkpoint moves SQLite's
+    write-ahead log into the ``.db`` file as far as no other process is reading it (it never
+    waits; the last connection to close checkpoints the rest), so that the file alone holds
+    everything (it is what users copy to other machines)."""
+    _scopes.close_all()
     if _active is None:
         return
     store = _active[0]
+    budget = _exit_flush_s()
+    deadline = time.monotonic() + budget
     _precompile.save_packages()  # what save_cache_artifacts() saves of precompile, stored
-    if not store.flush():  # queued FX graph / AOTAutograd puts, before the checkpoint
-        log.warning("cachedb: queued FX graph/AOTAutograd writes were not all written at exit")
-    store.flush_hits()
-    db = store._db
-    if db is not None and db.path is not None:
-        try:
-            with db.engine.connect() as conn:
-                conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
-        except Exception as exc:  # busy or unreadable: the WAL stays beside the file
-            log.debug("cachedb: WAL checkpoint at exit failed: %s", exc)
-    store.close()
+    if not store.flush(budget):  # queued FX graph / AOTAutograd puts, before the checkpoint
+        log.warning("cachedb: queued FX graph/AOTAutograd writes were not all written within "
+                    "CACHEDB_EXIT_FLUSH (%g s) at exit", budget)
+    if store.serving():
+        store.flush_hits()
+        db = store._db
+        if db is not None and db.path is not None:
+            try:
+                with db.engine.connect() as conn:
+                    conn.exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)")
+            except Exception as exc:  # unreadable: the WAL stays beside the file
+                log.debug("cachedb: WAL checkpoint at exit failed: %s", exc)
+    store.close(max(0.0, deadline - time.monotonic()))
 
 
 def _register_exit() -> None:
@@ -445,6 +477,7 @@ def uninstall() -> None:
             _deferred.watch.disarm()
             _deferred = None
         _seams.restore(patches)
+        _scopes.close_all()
         while BOOTSTRAP_DIR in sys.path:
             sys.path.remove(BOOTSTRAP_DIR)
         for key, value in previous.items():

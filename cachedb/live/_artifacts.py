@@ -220,28 +220,30 @@ class KernelArtifacts:
 
 
 _lock = threading.Lock()
-_by_store: dict[int, tuple[LiveStore, KernelArtifacts]] = {}
 _standalone: LiveStore | None = None
 
 
 def for_store(live: LiveStore) -> KernelArtifacts:
-    """The :class:`KernelArtifacts` of ``live`` (one per store)."""
-    with _lock:
-        entry = _by_store.get(id(live))
-        if entry is None or entry[0] is not live:
-            entry = (live, KernelArtifacts(live))
-            _by_store[id(live)] = entry
-        return entry[1]
+    """The :class:`KernelArtifacts` of ``live`` (one per store, kept on it)."""
+    found = live.kernel_artifacts
+    if found is None:
+        with _lock:
+            found = live.kernel_artifacts
+            if found is None:
+                found = live.kernel_artifacts = KernelArtifacts(live)
+    return found  # type: ignore[no-any-return]
 
 
 def current() -> KernelArtifacts | None:
-    """The kernel artifacts of this process's active store; else, in a process that cachedb
-    activation reached only through the environment (``CACHEDB_ENABLE=1`` with
-    ``CACHEDB_PATH``/``CACHEDB_URL``, and ``CACHEDB_REMOTE_URL`` if set: e.g. a Triton compile
-    in a forked worker), a store opened from it; else ``None`` (Triton and Inductor use their files alone)."""
+    """The kernel artifacts of the store that serves now (:func:`cachedb.live._scopes.route`
+    of this process's active store); else, in a process that cachedb activation reached only
+    through the environment (``CACHEDB_ENABLE=1`` with ``CACHEDB_PATH``/``CACHEDB_URL``, and
+    ``CACHEDB_REMOTE_URL`` if set: e.g. a Triton compile in a forked worker), of a store opened
+    from it, routed the same way; else ``None`` (Triton and Inductor use their files alone)."""
     global _standalone
-    from . import ENV_ENABLE, ENV_TIMEOUT, _active_or_deferred
-    from ._store import DEFAULT_LIVE_TIMEOUT_S
+    from .. import settings
+    from . import ENV_ENABLE, _active_or_deferred
+    from ._scopes import route
 
     store = _active_or_deferred()
     if store is None:
@@ -254,8 +256,13 @@ def current() -> KernelArtifacts | None:
             if _standalone is None or _standalone.location != location:
                 from ._remote import from_environment
 
-                timeout = float(os.environ.get(ENV_TIMEOUT) or DEFAULT_LIVE_TIMEOUT_S)
+                try:
+                    timeout = settings.read("CACHEDB_TIMEOUT")
+                except settings.SettingError as exc:
+                    log.warning("cachedb: not active in process %d: %s", os.getpid(), exc)
+                    return None
                 _standalone = LiveStore(location, timeout_s=timeout, remote=from_environment())
                 atexit.register(_standalone.close)
             store = _standalone
-    return for_store(store)
+    served = route(store)
+    return for_store(served) if served is not None else None

@@ -47,11 +47,14 @@ def _warn(message: str, *args: object) -> None:
     logging.getLogger("cachedb.live").warning(message, *args)
 
 #: The torch modules whose attributes cachedb patches (:mod:`cachedb.live._seams`), in the order
-#: torch 2.13 finishes importing them for a first ``torch.compile``: the C++ builder, Dynamo's
-#: PGO profiles and its precompiled packages (imported by ``torch._dynamo``), the FX graph
-#: cache, the AOTAutograd cache, ``LocalAutotuneCache``, the Triton autotuner, the CUTLASS
-#: op-list cache (torch >= 2.11, then 2.9/2.10).
+#: torch 2.13 finishes importing them for a first ``torch.compile``: the cache directory's
+#: scopes (``temporary_cache_dir``, ``fresh_cache``), the C++ builder, Dynamo's PGO profiles and
+#: its precompiled packages (imported by ``torch._dynamo``), the FX graph cache, the AOTAutograd
+#: cache, ``LocalAutotuneCache``, the Triton autotuner, the CUTLASS op-list cache (torch >=
+#: 2.11, then 2.9/2.10).
 SEAM_MODULES = (
+    "torch._inductor.runtime.cache_dir_utils",
+    "torch._inductor.utils",
     "torch._inductor.cpp_builder",
     "torch._dynamo.pgo",
     "torch._dynamo.package",
@@ -72,8 +75,12 @@ SEAM_MODULES = (
 #: ``VecISA.check_build``), which activates cachedb and patches the builder then.
 #: Dynamo's PGO and package modules likewise: ``torch._dynamo`` imports them, the first profile
 #: is read while Dynamo traces the first frame and the first package when ``torch.compile``
-#: wraps a function, both after ``torch.compile`` with Inductor imported ``codecache``.
-PATCHED_AT_ACTIVATION = frozenset({"torch._inductor.cpp_builder", "torch._dynamo.pgo", "torch._dynamo.package"})
+#: wraps a function, both after ``torch.compile`` with Inductor imported ``codecache``. And the
+#: modules of the cache directory's scopes: ``import torch._dynamo`` imports them.
+PATCHED_AT_ACTIVATION = frozenset({
+    "torch._inductor.cpp_builder", "torch._dynamo.pgo", "torch._dynamo.package",
+    "torch._inductor.utils", "torch._inductor.runtime.cache_dir_utils",
+})
 
 
 class _AutomaticGCOff:

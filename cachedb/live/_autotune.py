@@ -42,9 +42,16 @@ run (docs/autotune-seam.md has the measurements):
   stored fields, as torch 2.13 does (pytorch#181789), the ``configs_hash`` already matched.
 
 This picks exactly what torch 2.13 would pick: the stored winner of the same kernel source
-and configs (``configs_hash``). ``CACHEDB_RETUNE=1`` or ``install(retune=True)`` leaves
-torch's own methods in place, for people who want to re-measure (the new timings and best
-configs are then stored as usual; timings keep their history).
+and configs (``configs_hash``). The three torch fixes (``recheck_autotune_cache``,
+``_dynamic_scale_rblock``, ``_load_cached_autotuning``) are installed only on the releases
+that lack them, torch 2.9 to 2.12 (:data:`FIXED_IN`); from 2.13 on torch's own functions run,
+whatever a later release changes in them. tests/test_backports.py pins, per release, a hash
+of the source each replaces. Triton's ``Config.__setstate__`` drops the mark in every Triton
+torch 2.9 to 2.15 uses (3.5 to 3.9): that one is kept on every release; it sets
+``found_by_coordesc`` back on a config that was pickled with it and changes nothing else.
+``CACHEDB_RETUNE=1`` or ``install(retune=True)`` leaves torch's and Triton's own methods in
+place, for people who want to re-measure (the new timings and best configs are then stored as
+usual; timings keep their history).
 """
 
 from __future__ import annotations
@@ -61,11 +68,24 @@ _MODULE = "torch._inductor.runtime.triton_heuristics"
 _AUTOTUNE_CACHE = "torch._inductor.runtime.autotune_cache"
 #: The attribute that marks a config as coordinate descent's winner (``run`` skips tuning).
 MARK = "found_by_coordesc"
+#: The first torch release (major, minor) with the fixes :func:`recheck_autotune_cache`,
+#: :func:`wrap_dynamic_scale_rblock` and :func:`wrap_load_cached_autotuning` backport.
+FIXED_IN = (2, 13)
+
+
+def backports_needed(torch_version: str | None = None) -> bool:
+    """Whether the torch release ``torch_version`` (default: the installed one) lacks the
+    fixes of :data:`FIXED_IN`."""
+    from ..keys._versions import installed_torch_version, parse_torch_version
+
+    version = torch_version if torch_version is not None else installed_torch_version()
+    return version is not None and parse_torch_version(version) < FIXED_IN
 
 
 def recheck_autotune_cache(self: Any, reload_kernel_from_src: Callable[[], Any]) -> None:
-    """torch 2.13's ``CachingAutotuner.recheck_autotune_cache``, for every torch cachedb
-    supports (see the module docstring)."""
+    """torch 2.13's ``CachingAutotuner.recheck_autotune_cache``
+    (torch/_inductor/runtime/triton_heuristics.py), installed on torch 2.9 to 2.12 (see the
+    module docstring)."""
     th = importlib.import_module(_MODULE)
     assert self.is_statically_launchable()
     configs = [result.config for result in self.compile_results]
@@ -96,7 +116,7 @@ def wrap_config_setstate(setstate: Callable[[Any, dict[str, Any]], None]) -> Cal
     gets it back: nothing else changes."""
 
     def config_setstate(self: Any, state: dict[str, Any]) -> None:
-        setstate(self, state)
+        setstate(self, state=state)
         if state.get(MARK):
             setattr(self, MARK, True)
 
@@ -128,7 +148,7 @@ def wrap_load_cached_autotuning(load: Callable[..., Any]) -> Callable[..., Any]:
 
     def load_cached_autotuning(best_config: Any, configs_hash: str, configs: list[Any], inductor_meta: Any) -> Any:
         stored = dict(best_config) if isinstance(best_config, dict) else None
-        found = load(best_config, configs_hash, configs, inductor_meta)
+        found = load(best_config=best_config, configs_hash=configs_hash, configs=configs, inductor_meta=inductor_meta)
         if found is not None or stored is None or stored.get("configs_hash") != configs_hash:
             return found
         return _rebuild(stored, inductor_meta)
@@ -176,24 +196,43 @@ def seam_owner() -> Any:
     return owner
 
 
+def _checked(owner: Any, name: str, params: tuple[str, ...]) -> Any:
+    """``owner.name``, which must take the parameters ``params``; raises ``TypeError`` naming
+    what it takes otherwise (a release cachedb does not know: no backport is installed)."""
+    import inspect
+
+    fn = vars(owner)[name] if isinstance(owner, type) and name in vars(owner) else getattr(owner, name)
+    found = tuple(inspect.signature(fn).parameters)
+    if found != params:
+        where = getattr(owner, "__qualname__", getattr(owner, "__name__", "?"))
+        raise TypeError(f"{where}.{name} takes ({', '.join(found)}), cachedb replaces it taking ({', '.join(params)})")
+    return fn
+
+
 def patches() -> list[tuple[Any, str, Any]]:
-    """``(owner, name, new)`` for every autotune seam (see the module docstring): what
-    :func:`seam_owner` checks is required; the three winner-keeping seams are wrapped where the
-    installed torch and Triton define what they wrap (a release without ``_dynamic_scale_rblock``
-    adds no launchers to widen; a Triton ``Config`` without ``__setstate__`` pickles every
-    attribute), so a release that drops one still installs."""
-    owner = seam_owner()
+    """``(owner, name, new)`` for every autotune seam (see the module docstring): on torch 2.9
+    to 2.12 the three backports (what :func:`seam_owner` checks is required; the two wrapped
+    ones where the installed torch defines what they wrap), and on every release Triton's
+    ``Config.__setstate__`` where Triton defines it. Raises ``AttributeError``, ``ImportError``
+    or ``TypeError`` (another signature) naming what does not fit."""
     th = importlib.import_module(_MODULE)
-    found: list[tuple[Any, str, Any]] = [(owner, "recheck_autotune_cache", recheck_autotune_cache)]
-    scale = getattr(owner, "_dynamic_scale_rblock", None)
-    if scale is not None:
-        found.append((owner, "_dynamic_scale_rblock", wrap_dynamic_scale_rblock(scale)))
-    autotune_cache = importlib.import_module(_AUTOTUNE_CACHE)
-    load = getattr(autotune_cache, "_load_cached_autotuning", None)
-    if load is not None and hasattr(th, "Config"):
-        found.append((autotune_cache, "_load_cached_autotuning", wrap_load_cached_autotuning(load)))
+    found: list[tuple[Any, str, Any]] = []
+    if backports_needed():
+        owner = seam_owner()
+        _checked(owner, "recheck_autotune_cache", ("self", "reload_kernel_from_src"))
+        found.append((owner, "recheck_autotune_cache", recheck_autotune_cache))
+        scale = getattr(owner, "_dynamic_scale_rblock", None)
+        if scale is not None:
+            _checked(owner, "_dynamic_scale_rblock", ("self",))
+            found.append((owner, "_dynamic_scale_rblock", wrap_dynamic_scale_rblock(scale)))
+        autotune_cache = importlib.import_module(_AUTOTUNE_CACHE)
+        load = getattr(autotune_cache, "_load_cached_autotuning", None)
+        if load is not None and hasattr(th, "Config"):
+            _checked(autotune_cache, "_load_cached_autotuning", ("best_config", "configs_hash", "configs", "inductor_meta"))
+            found.append((autotune_cache, "_load_cached_autotuning", wrap_load_cached_autotuning(load)))
     config_cls = getattr(th, "Config", None)
     setstate = vars(config_cls).get("__setstate__") if config_cls is not None else None
     if setstate is not None:
+        _checked(config_cls, "__setstate__", ("self", "state"))
         found.append((config_cls, "__setstate__", wrap_config_setstate(setstate)))
     return found

@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..repositories.dynamo import pgo_key
+from ._scopes import route
 from ._store import LiveStore
 
 #: The module whose functions are replaced.
@@ -71,6 +72,8 @@ def patches(store: LiveStore, pgo: Any) -> list[tuple[Any, str, Callable[..., An
     artifact = pgo.PGOCacheArtifact
     if not hasattr(artifact, "populate_cache"):
         raise AttributeError(f"{MODULE}.PGOCacheArtifact.populate_cache")
+    original_get, original_put = pgo.get_local_code_state, pgo.put_local_code_state
+    original_populate = artifact.populate_cache
 
     def record(cache_key: str, content: bytes) -> None:
         from torch.compiler._cache import CacheArtifactManager  # 2.11 has no CacheArtifactRecorder
@@ -79,11 +82,14 @@ def patches(store: LiveStore, pgo: Any) -> list[tuple[Any, str, Callable[..., An
 
     def get_local_code_state(cache_key: str) -> Any:
         """``get_local_code_state`` (torch/_dynamo/pgo.py) reading the database instead of
-        ``code_state_path(cache_key)``."""
+        ``code_state_path(cache_key)``; torch's own where its files serve."""
+        served = route(store)
+        if served is None:
+            return original_get(cache_key=cache_key)
         if pgo.code_state_path(cache_key) is None:  # automatic_dynamic_local_pgo off
             return None
         key = pgo_key(cache_key)
-        content = store.dynamo_get("pgo", key)
+        content = served.dynamo_get("pgo", key)
         if content is None:
             return None
         with _timed(pgo, "pgo.get_local_code_state", cache_key=cache_key, cache_size_bytes=len(content)):
@@ -97,7 +103,10 @@ def patches(store: LiveStore, pgo: Any) -> list[tuple[Any, str, Callable[..., An
 
     def put_local_code_state(cache_key: str) -> None:
         """``put_local_code_state`` (torch/_dynamo/pgo.py) writing the database instead of
-        ``code_state_path(cache_key)``."""
+        ``code_state_path(cache_key)``; torch's own where its files serve."""
+        served = route(store)
+        if served is None:
+            return original_put(cache_key=cache_key)
         with _timed(pgo, "pgo.put_local_code_state", cache_key=cache_key):
             state = pgo._CODE_STATE
             if state is None:
@@ -107,16 +116,20 @@ def patches(store: LiveStore, pgo: Any) -> list[tuple[Any, str, Callable[..., An
             if pgo.code_state_path(cache_key) is None:
                 pgo.log.info("put_code_state: local cache disabled")
                 return
-            store.dynamo_put("pgo", pgo_key(cache_key), pickled)
+            served.dynamo_put("pgo", pgo_key(cache_key), pickled)
             pgo.log.info("put_code_state: wrote %s to cachedb, %d entries", pgo_key(cache_key), len(state))
 
     def populate_cache(self: Any) -> None:
         """``PGOCacheArtifact.populate_cache`` (a Mega-Cache load) storing into the database."""
+        served = route(store)
+        if served is None:
+            return original_populate(self)
         cache_key = self._rewrite_cache_key_for_mega_cache(self.key)
         if pgo.code_state_path(cache_key) is None:
             raise AssertionError("write_local_impl returned None during PGO cache population")
         content = self.content if isinstance(self.content, bytes) else bytes(self.content)
-        store.dynamo_put("pgo", pgo_key(cache_key), content)
+        served.dynamo_put("pgo", pgo_key(cache_key), content)
+        return None
 
     return [
         (pgo, "get_local_code_state", get_local_code_state),

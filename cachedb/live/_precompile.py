@@ -56,6 +56,7 @@ from typing import Any
 
 from ..keys import package_key
 from . import _precompile_fallback
+from ._scopes import route
 from ._store import LiveStore
 
 log = logging.getLogger("cachedb.live")
@@ -98,10 +99,13 @@ class _StoreRefusals:
         self.store, self.package = store, package
 
     def get(self, source_id: str) -> bytes | None:
-        return self.store.dynamo_get("precompile_refusal", _system_key(self.package, source_id))
+        served = route(self.store)
+        return served.dynamo_get("precompile_refusal", _system_key(self.package, source_id)) if served else None
 
     def put(self, source_id: str, data: bytes) -> None:
-        self.store.dynamo_put("precompile_refusal", _system_key(self.package, source_id), data)
+        served = route(self.store)
+        if served is not None:
+            served.dynamo_put("precompile_refusal", _system_key(self.package, source_id), data)
 
 
 def patches(store: LiveStore, package: Any) -> list[tuple[Any, str, Callable[..., Any]]]:
@@ -118,21 +122,24 @@ def patches(store: LiveStore, package: Any) -> list[tuple[Any, str, Callable[...
         return fallback
     original_read = cls.read
     original_write = cls._write_to_local_cache
+    original_load = cls.load
+    original_clear = cls.clear
 
     def counters() -> Any:
         return package.counters["dynamo_cache"]
 
-    def stored(source_id: str) -> bytes | None:
+    def stored(served: LiveStore, source_id: str) -> bytes | None:
         """This system's package of ``source_id``, else one stored without a system."""
-        content = store.dynamo_get("precompile", _system_key(package, source_id))
-        return content if content is not None else store.dynamo_get("precompile", source_id)
+        content = served.dynamo_get("precompile", _system_key(package, source_id))
+        return content if content is not None else served.dynamo_get("precompile", source_id)
 
     def read(self: Any, path: str) -> Any:
         """``DiskDynamoStore.read`` (torch/_dynamo/package.py) from the database."""
         key = _key_of(path)
-        if key is None:
-            return original_read(self, path)
-        content = stored(key)
+        served = route(store)
+        if key is None or served is None:
+            return original_read(self, path=path)
+        content = stored(served, key)
         if content is None:
             raise RuntimeError(f"Failed to load package from path {key}: not in cachedb")
         try:
@@ -143,8 +150,11 @@ def patches(store: LiveStore, package: Any) -> list[tuple[Any, str, Callable[...
     def load(self: Any, fn: Callable[..., Any]) -> Any:
         """``DiskDynamoCache.load`` (torch/_dynamo/package.py) from the database: a package
         stored under ``fn``'s source id is a hit, its backends recorded as torch records them."""
+        served = route(store)
+        if served is None:
+            return original_load(self, fn=fn)
         key = package.CompilePackage.source_id_from_fn(fn)
-        content = stored(key)
+        content = stored(served, key)
         if content is None:
             package.logger.info("No package found for %s", key)
             counters()["dynamo_cache_miss"] += 1
@@ -168,13 +178,25 @@ def patches(store: LiveStore, package: Any) -> list[tuple[Any, str, Callable[...
     def write_to_local_cache(self: Any, pickled_content: bytes, path: str) -> None:
         """``DiskDynamoStore._write_to_local_cache`` into the database."""
         key = _key_of(path)
-        if key is None:
-            original_write(self, pickled_content, path)
+        served = route(store)
+        if key is None or served is None:
+            original_write(self, pickled_content=pickled_content, path=path)
             return
-        store.dynamo_put("precompile", _system_key(package, key), bytes(pickled_content))
+        served.dynamo_put("precompile", _system_key(package, key), bytes(pickled_content))
+
+    def clear(self: Any) -> None:
+        """``DiskDynamoStore.clear`` (torch/_dynamo/package.py): torch's own, which removes
+        ``cache_dir()/dynamo`` (packages and PGO profiles alike), then the packages, the
+        functions recorded as not packageable, and the PGO profiles of the database that
+        serves now (a remote tier is never cleared)."""
+        original_clear(self)
+        served = route(store)
+        if served is not None:
+            for kind in ("precompile", "precompile_refusal", "pgo"):
+                served.clear_kind(kind)
 
     return [(cls, "load", load), (cls, "read", read), (cls, "_write_to_local_cache", write_to_local_cache),
-            *fallback]
+            (cls, "clear", clear), *fallback]
 
 
 def save_packages() -> None:

@@ -532,15 +532,15 @@ class RemoteTier:
             time.sleep(0.005)
         return True
 
-    def close(self) -> None:
-        """Flush queued writes (at most ``flush_timeout_s`` seconds), stop the writer and close
-        the remote's connections."""
+    def close(self, timeout_s: float | None = None) -> None:
+        """Flush queued writes (at most ``timeout_s`` seconds, default ``flush_timeout_s``),
+        stop the writer and close the remote's connections."""
         if self.closed:
             return
-        if not self.flush():
-            log.warning("cachedb: remote cache %s: %d write(s) not sent within %.0f s at exit "
-                        "(they stay in the local cache)", self.where, self._queue.unfinished_tasks,
-                        self.flush_timeout_s)
+        bound = self.flush_timeout_s if timeout_s is None else timeout_s
+        if not self.flush(bound):
+            log.warning("cachedb: remote cache %s: %d write(s) not sent within %.1f s at exit "
+                        "(they stay in the local cache)", self.where, self._queue.unfinished_tasks, bound)
         self.closed = True
         thread = self._thread
         if thread is not None and thread.is_alive() and os.getpid() == self._pid:
@@ -572,7 +572,9 @@ def _redacted(url: str) -> str:
 def from_environment() -> RemoteTier | None:
     """A :class:`RemoteTier` for ``$CACHEDB_REMOTE_URL`` (timeout ``$CACHEDB_REMOTE_TIMEOUT``
     seconds), or ``None`` when it is not set."""
-    url = os.environ.get(ENV_REMOTE_URL)
+    from .. import settings
+
+    url = settings.value_or_default(ENV_REMOTE_URL)
     if not url:
         return None
-    return RemoteTier(url, timeout_s=float(os.environ.get(ENV_REMOTE_TIMEOUT) or DEFAULT_REMOTE_TIMEOUT_S))
+    return RemoteTier(url, timeout_s=float(settings.value_or_default(ENV_REMOTE_TIMEOUT)))

@@ -1,17 +1,18 @@
 """The torch seams cachedb replaces (formats doc §5), checked before anything is patched.
 
 =====================================================  ==========================================
-seam (torch 2.11 / 2.13)                               served from
+seam (torch 2.9 to 2.15 unless said)                   served from
 =====================================================  ==========================================
 ``FxGraphCache._write_to_local_cache``                  ``guarded_entries`` (kind ``fxgraph``)
 ``FxGraphCache.iterate_over_candidates`` (local part)   ``guarded_entries``
 ``AOTAutogradCache._write_to_local_cache``              ``guarded_entries`` (kind ``aotautograd``)
 ``AOTAutogradCache.iterate_over_candidates``            ``guarded_entries``
+``FxGraphCache.clear``, ``AOTAutogradCache.clear``      torch's own, then the kind's rows of the
+                                                        database that serves (never a remote)
 ``BundledOutputCodeLoadable.pre_save`` (torch >= 2.11,  ``guarded_entries``: a bundled entry whose
 where torch has it)                                     forward ran before it is saved
                                                         (:mod:`cachedb.live._bundled_aot`)
 ``CacheBase.get_local_cache`` / ``update_local_cache``   ``autotune_timings``, ``local_cache_values``
-``LocalCache.lookup``                                   same (fixed: several keys work)
 ``LocalAutotuneCache.backend_override_cls``             ``best_configs``
 (runtime/autotune_cache.py)
 ``AutotuneCacheArtifact.populate_cache`` (Mega-Cache)    ``best_configs``
@@ -25,25 +26,34 @@ Triton's ``CacheManager`` (``TRITON_CACHE_MANAGER``,     ``kernel_artifacts`` (k
 set by :func:`cachedb.install`; checked when Triton is
 installed)
 ``CachingAutotuner.recheck_autotune_cache``,           ``best_configs`` (no re-tuning of stored
-``CachingAutotuner._dynamic_scale_rblock``,             winners, :mod:`cachedb.live._autotune`)
-``autotune_cache._load_cached_autotuning``,
-Triton's ``Config.__setstate__`` (when Triton is
-installed; not with ``retune=True``)
+``CachingAutotuner._dynamic_scale_rblock``,             winners, :mod:`cachedb.live._autotune`):
+``autotune_cache._load_cached_autotuning``              torch 2.13's fixes, on 2.9 to 2.12 only;
+(torch < 2.13), Triton's ``Config.__setstate__``        ``Config.__setstate__`` keeps the mark on
+(when Triton is installed; not with ``retune=True``)    every release
 ``torch._dynamo.pgo``: ``get_local_code_state``,        ``pgo_profiles`` (:mod:`cachedb.live._pgo`;
 ``put_local_code_state``,                               the remote PGO halves stay torch's)
 ``PGOCacheArtifact.populate_cache`` (Mega-Cache)
 ``torch._dynamo.package``: ``DiskDynamoCache.load``,     ``dynamo_packages``
-``read``, ``_write_to_local_cache`` (torch >= 2.10;      (:mod:`cachedb.live._precompile`)
-files on 2.9)
+``read``, ``_write_to_local_cache``, ``clear``           (:mod:`cachedb.live._precompile`)
+(torch >= 2.10; files on 2.9)
 ``convert_frame._compile``,                            nothing stored: a function torch cannot
 ``DiskDynamoCache.record_package``,                    package, or whose package fails to load,
 ``CompilePackage.initialize``, ``install``             compiles without one
 (each where torch has it)                              (:mod:`cachedb.live._precompile_fallback`)
+``utils.fresh_cache`` (and every module's import of    a block's own database in its directory
+it), ``cache_dir_utils.temporary_cache_dir``           / torch's own files
+(and its import in standalone_compile.py)              (:mod:`cachedb.live._scopes`)
 =====================================================  ==========================================
 
+Each seam asks :func:`cachedb.live._scopes.route` which store serves it at the moment of the
+call: the active one, a ``fresh_cache()`` block's, or none, and then torch's own function runs
+(inside ``temporary_cache_dir()``, and while the store cannot serve).
+
 All of them or none: :func:`build` (``cachedb.install``) raises :class:`SeamMissingError`
-before anything is patched when one is missing (another torch version moved it); the
-precompile fallback's seams are each left out where torch lacks it. Under
+before anything is patched when one is missing or has another signature than the one cachedb
+replaces (another torch version moved or changed it: each replaced function's parameter names
+are checked, :func:`_function`); the precompile fallback's seams are each left out where torch
+lacks it. The replacements call torch's functions passing arguments by name. Under
 ``CACHEDB_ENABLE=1`` each module of :data:`~cachedb.live._autoload.SEAM_MODULES` is patched
 right after torch imports it (:func:`module_patches`, :mod:`cachedb.live._autoload`); a missing
 seam then undoes the patches made so far and leaves cachedb inactive in that process.
@@ -54,6 +64,7 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.util
+import inspect
 import json
 import logging
 import os
@@ -65,8 +76,9 @@ from typing import Any
 
 from .._errors import CacheDBError
 from ._autoload import spec_from_others
-from . import _bundled_aot, _pgo, _precompile
+from . import _bundled_aot, _pgo, _precompile, _scopes
 from ._cpp_cache import wrap_build, wrap_precompile_header, wrap_worker_compile_cpp
+from ._scopes import route
 from ._store import LazyLocalCache, LiveStore
 
 log = logging.getLogger("cachedb.live")
@@ -81,6 +93,8 @@ TRITON_HEURISTICS = "torch._inductor.runtime.triton_heuristics"
 PGO = _pgo.MODULE
 #: Dynamo's precompiled packages (:mod:`cachedb.live._precompile`).
 PACKAGE = _precompile.MODULE
+#: The cache-directory scopes (:mod:`cachedb.live._scopes`).
+UTILS, CACHE_DIR_UTILS = _scopes.UTILS, _scopes.CACHE_DIR_UTILS
 
 #: Where ``maybe_fetch_ops`` lives: torch >= 2.11, then 2.9/2.10.
 _CUTLASS_MODULES = (
@@ -92,7 +106,8 @@ _CUTLASS_MODULES = (
 
 
 class SeamMissingError(CacheDBError):
-    """The installed torch lacks a seam cachedb needs; nothing was patched."""
+    """The installed torch lacks a seam cachedb needs, or has it with another signature;
+    nothing was patched."""
 
 
 @dataclass
@@ -128,6 +143,28 @@ def _require(module: str, *attrs: str) -> Any:
     return obj
 
 
+def _function(owner: Any, name: str, params: tuple[str, ...]) -> Any:
+    """The function ``owner.name`` (that of a static or class method; found on ``owner`` or a
+    base class), checked to take exactly the parameters named ``params`` (in order, ``self`` /
+    ``cls`` included). Raises :class:`SeamMissingError` when it is missing or takes others:
+    cachedb never calls, nor stands in for, a function whose signature it does not know."""
+    where = f"{getattr(owner, '__module__', '?')}.{getattr(owner, '__qualname__', getattr(owner, '__name__', '?'))}"
+    if not isinstance(owner, type):
+        where = getattr(owner, "__name__", where)
+    try:
+        raw = inspect.getattr_static(owner, name)
+    except AttributeError:
+        raise SeamMissingError(f"torch seam missing: {where}.{name}") from None
+    fn = raw.__func__ if isinstance(raw, (staticmethod, classmethod)) else raw
+    found = _scopes.parameters(fn)
+    if found is None or found != params:
+        raise SeamMissingError(
+            f"torch seam changed: {where}.{name} takes ({', '.join(found or ('?',))}), "
+            f"cachedb replaces it taking ({', '.join(params)})"
+        )
+    return fn
+
+
 def _cache_dir() -> str:
     from torch._inductor.runtime.cache_dir_utils import cache_dir
 
@@ -154,85 +191,100 @@ def best_config_key(path: str) -> str:
 #: Path parts that ``os.path.normpath`` rewrites (empty, ``.``, ``..``).
 _NOT_NAMES = frozenset({"", ".", ".."})
 
+#: The parameters of ``GuardedCache.find_guarded_entry`` and of its loop (torch/_inductor/codecache.py).
+_ITERATE_PARAMETERS = ("cls", "local", "remote_cache", "key")
+
+
+def _yields_in_local() -> bool:
+    """Whether ``GuardedCache.iterate_over_candidates`` yields ``(candidate, content,
+    in_local)`` (torch 2.11 on) or ``(candidate, content)`` (torch 2.9 and 2.10), by the
+    installed torch's release; ``find_guarded_entry`` unpacks what it yields."""
+    from ..keys._versions import installed_torch_version, parse_torch_version
+
+    version = installed_torch_version()
+    return version is None or parse_torch_version(version) >= (2, 11)
+
 
 def _guarded_seams(store: LiveStore, cls: type, kind: str) -> list[_Patch]:
-    """``_write_to_local_cache`` / ``iterate_over_candidates`` of ``FxGraphCache`` or
-    ``AOTAutogradCache`` (``cls``); the remote part of the loop stays ``GuardedCache``'s."""
-    for attr in ("_write_to_local_cache", "iterate_over_candidates"):
-        if not hasattr(cls, attr):
-            raise SeamMissingError(f"torch seam missing: {cls.__name__}.{attr}")
+    """``_write_to_local_cache``, ``iterate_over_candidates`` and ``clear`` of
+    ``FxGraphCache`` or ``AOTAutogradCache`` (``cls``); the remote part of the loop stays
+    ``GuardedCache``'s."""
+    original_write = _function(cls, "_write_to_local_cache", ("key", "content"))
+    original_clear = _function(cls, "clear", ())
     # GuardedCache's own loop (torch/_inductor/codecache.py), found through the class itself:
     # the AOTAutograd cache module may finish importing while codecache is still running.
-    base = next((vars(k)["iterate_over_candidates"] for k in cls.__mro__[1:]
-                 if "iterate_over_candidates" in vars(k)), None)
-    if not isinstance(base, classmethod):
-        raise SeamMissingError(f"torch seam missing: a base class of {cls.__name__} with iterate_over_candidates")
-    base_iterate = base.__func__
-    # What GuardedCache.find_guarded_entry (torch/_inductor/codecache.py) unpacks from the loop:
-    # (candidate, content, in_local) from torch 2.11 on, (candidate, content) in 2.9 and 2.10.
-    finder = getattr(cls, "find_guarded_entry", None)
-    finder_code = getattr(getattr(finder, "__func__", finder), "__code__", None)
-    if finder_code is None:
-        raise SeamMissingError(f"torch seam missing: {cls.__name__}.find_guarded_entry")
-    yields_in_local = "in_local" in finder_code.co_varnames
+    base_iterate = _function(cls, "iterate_over_candidates", _ITERATE_PARAMETERS)
+    _function(cls, "find_guarded_entry", ("cls", "key", "local", "remote_cache", "evaluate_guards", "hints"))
+    yields_in_local = _yields_in_local()
 
     def write_to_local_cache(key: str, content: bytes) -> None:
-        store.guarded_put(kind, key, content)
+        served = route(store)
+        if served is None:
+            return original_write(key=key, content=content)
+        served.guarded_put(kind, key, content)
+        return None
 
     def iterate_over_candidates(
         klass: type, local: bool, remote_cache: Any, key: str
     ) -> Iterator[tuple[Any, bytes, bool] | tuple[Any, bytes]]:
-        if local:
-            for variant, content in store.guarded_candidates(kind, key):
+        served = route(store) if local else None
+        if local and served is None:  # torch's files serve
+            yield from base_iterate(klass, local=local, remote_cache=remote_cache, key=key)
+            return
+        if served is not None:
+            for variant, content in served.guarded_candidates(kind, key):
                 try:
                     entry = pickle.loads(content)
                 except Exception as exc:  # same policy as Inductor's own loop
-                    store.warn_once(f"{kind} unpickle", exc)
+                    served.warn_once(f"{kind} unpickle", exc)
                     continue
                 try:
                     yield (entry, content, True) if yields_in_local else (entry, content)
                 except GeneratorExit:
                     # find_guarded_entry stops iterating at the candidate whose guards hold.
-                    store.note_hit(kind, key, variant)
+                    served.note_hit(kind, key, variant)
                     raise
         if remote_cache:
-            yield from base_iterate(klass, False, remote_cache, key)
+            yield from base_iterate(klass, local=False, remote_cache=remote_cache, key=key)
+
+    def clear() -> None:
+        """``clear()`` (torch/_inductor/codecache.py ``FxGraphCache.clear``,
+        torch/_functorch/_aot_autograd/autograd_cache.py ``AOTAutogradCache.clear``): torch's
+        own, then every entry of this kind in the database that serves now (a remote tier is
+        never cleared)."""
+        original_clear()
+        served = route(store)
+        if served is not None:
+            served.clear_kind(kind)
 
     return [
         _Patch(cls, "_write_to_local_cache", staticmethod(write_to_local_cache)),
         _Patch(cls, "iterate_over_candidates", classmethod(iterate_over_candidates)),
+        _Patch(cls, "clear", staticmethod(clear)),
     ]
 
 
 def _local_cache_seams(store: LiveStore) -> list[_Patch]:
     CacheBase = _require(CODECACHE, "CacheBase")
-    LocalCache = _require(CODECACHE, "LocalCache")
-    _require(CODECACHE, "CacheBase", "update_local_cache")
-    _require(CODECACHE, "LocalCache", "lookup")
+    original_get = _function(CacheBase, "get_local_cache", ("self",))
+    original_update = _function(CacheBase, "update_local_cache", ("self", "local_cache"))
 
     def get_local_cache(self: Any) -> dict[str, Any]:
-        return store.local_cache(CacheBase.get_system()["hash"])
+        served = route(store)
+        if served is None:
+            return original_get(self)  # type: ignore[no-any-return]
+        return served.local_cache(CacheBase.get_system()["hash"])
 
     def update_local_cache(self: Any, local_cache: dict[str, Any]) -> None:
-        served = local_cache.served if isinstance(local_cache, LazyLocalCache) else {}
-        store.write_changes(local_cache, served)
-        if isinstance(local_cache, LazyLocalCache):
+        if isinstance(local_cache, LazyLocalCache):  # written where it was read from
+            local_cache.store.write_changes(local_cache, local_cache.served)
             local_cache.mark_written()
-
-    def lookup(self: Any, *keys: str) -> Any:
-        """``LocalCache.lookup`` with its multi-key bug fixed (it tested ``key in cache``)."""
-        sub_cache: Any = self.get_local_cache()
-        for key in keys:
-            if isinstance(sub_cache, dict) and key in sub_cache:
-                sub_cache = sub_cache[key]
-            else:
-                return None
-        return sub_cache
+        else:  # read from torch's file: written back there
+            original_update(self, local_cache=local_cache)
 
     return [
         _Patch(CacheBase, "get_local_cache", get_local_cache),
         _Patch(CacheBase, "update_local_cache", update_local_cache),
-        _Patch(LocalCache, "lookup", lookup),
     ]
 
 
@@ -240,14 +292,16 @@ _ACTIVE_STORE: Callable[[], LiveStore | None] | None = None
 
 
 def _active_store() -> LiveStore | None:
-    """The active store (activating a deferred activation first: ``cachedb.live._active_or_deferred``),
-    looked up once (an import statement per call costs a best-config get about 1 us)."""
+    """The store that serves now: the active store (activating a deferred activation first:
+    ``cachedb.live._active_or_deferred``, looked up once, since an import statement per call
+    costs a best-config get about 1 us), routed (:func:`cachedb.live._scopes.route`)."""
     global _ACTIVE_STORE
     if _ACTIVE_STORE is None:
         from . import _active_or_deferred
 
         _ACTIVE_STORE = _active_or_deferred
-    return _ACTIVE_STORE()
+    active = _ACTIVE_STORE()
+    return route(active) if active is not None else None
 
 
 @functools.cache
@@ -255,8 +309,9 @@ def _best_config_backend_class(base: type) -> type:
     """``LocalAutotuneCache``'s backend (keys are absolute ``.best_config`` paths).
 
     A module-level class: Inductor pickles autotune caches into compile workers, so it must
-    be importable there. It serves from the process's active store; in a process where
-    cachedb is not active it reads and writes the file, as torch's own backend does.
+    be importable there. It serves from the store that serves now; where none does (cachedb
+    not active, torch's files serving) it reads and writes the file, as torch's own backend
+    does.
     """
 
     class CacheDBBestConfigBackend(base):  # type: ignore[misc, valid-type]
@@ -297,13 +352,20 @@ def _best_config_seams(store: LiveStore) -> list[_Patch]:
     # torch 2.13 defines it in remote_cache.py, 2.11 in runtime/autotune_cache.py; the
     # latter module has the name in both.
     LocalAutotuneCache = _require(AUTOTUNE_CACHE, "LocalAutotuneCache")
+    _require(AUTOTUNE_CACHE, "LocalAutotuneCache", "backend_override_cls")
     RemoteCacheBackend = _require("torch._inductor.remote_cache", "RemoteCacheBackend")
+    _function(RemoteCacheBackend, "_get", ("self", "key"))
+    _function(RemoteCacheBackend, "_put", ("self", "key", "data"))
     AutotuneCacheArtifact = _require(AUTOTUNE_CACHE, "AutotuneCacheArtifact")
-    _require(AUTOTUNE_CACHE, "AutotuneCacheArtifact", "populate_cache")
+    original_populate = _function(AutotuneCacheArtifact, "populate_cache", ("self",))
 
     def populate_cache(self: Any) -> None:
+        served = route(store)
+        if served is None:
+            return original_populate(self)  # type: ignore[no-any-return]
         content = self.content if isinstance(self.content, bytes) else bytes(self.content)
-        store.best_config_put(self.key, content)
+        served.best_config_put(self.key, content)
+        return None
 
     return [
         _Patch(LocalAutotuneCache, "backend_override_cls", _best_config_backend_class(RemoteCacheBackend)),
@@ -392,6 +454,7 @@ def _cutlass_patches(store: LiveStore, cache: Any, gemm_mod: str, utils_mod: str
     original = getattr(cache, "maybe_fetch_ops", None)
     if original is None:
         raise SeamMissingError(f"torch seam missing: {cache_mod}.maybe_fetch_ops")
+    _function(cache, "maybe_fetch_ops", ("device_type",))
     original_fn = getattr(original, "__wrapped__", original)
 
     from torch._inductor.utils import clear_on_fresh_cache
@@ -399,8 +462,8 @@ def _cutlass_patches(store: LiveStore, cache: Any, gemm_mod: str, utils_mod: str
     def maybe_fetch_ops(device_type: str) -> list[Any] | None:
         """Mirrors ``maybe_fetch_ops`` (torch/_inductor/codegen/cutlass/cache.py), reading the
         op list from the database first, then from the file as torch does."""
-        if store.closed:  # uninstalled, but gemm_template imported this function meanwhile
-            return original(device_type)
+        if store.closed or route(store) is None:  # uninstalled (gemm_template kept this function), or files serve
+            return original(device_type=device_type)  # type: ignore[no-any-return]
         return cached_fetch(device_type)
 
     @clear_on_fresh_cache
@@ -410,8 +473,11 @@ def _cutlass_patches(store: LiveStore, cache: Any, gemm_mod: str, utils_mod: str
 
         if config.force_disable_caches:
             return None
+        served = route(store)
 
         def from_db() -> list[Any] | None:
+            if served is None:
+                return None
             utils = importlib.import_module(utils_mod)
             arch = utils.cutlass_arch(device_type)
             version = utils.toolkit_version(device_type) if hasattr(utils, "toolkit_version") else None
@@ -421,7 +487,7 @@ def _cutlass_patches(store: LiveStore, cache: Any, gemm_mod: str, utils_mod: str
                 version = ".".join(str(version).split(".")[:2])
             level = getattr(config, config_ns).cutlass_instantiation_level
             request_key = cache.get_config_request_key(arch, version, level)
-            data = store.cutlass_get(request_key)
+            data = served.cutlass_get(request_key)
             if data is None:
                 return None
             serialized = json.loads(data)
@@ -430,7 +496,7 @@ def _cutlass_patches(store: LiveStore, cache: Any, gemm_mod: str, utils_mod: str
             return [serializer.deserialize(x) for x in serialized]
 
         ops = store.safely("CUTLASS op list lookup", None, from_db)
-        return ops if ops is not None else original_fn(device_type)
+        return ops if ops is not None else original_fn(device_type=device_type)
 
     maybe_fetch_ops.cache_clear = cached_fetch.cache_clear  # type: ignore[attr-defined]
     patches = [_Patch(cache, "maybe_fetch_ops", maybe_fetch_ops)]
@@ -444,19 +510,20 @@ def _cutlass_patches(store: LiveStore, cache: Any, gemm_mod: str, utils_mod: str
 
 def _worker_compile_cpp_seam() -> list[_Patch]:
     codecache = _require(CODECACHE)
-    worker = _require(CODECACHE, "_worker_compile_cpp")
+    worker = _function(codecache, "_worker_compile_cpp", ("lock_path", "cpp_builders"))
     _require(CODECACHE, "CppCodeCache", "load_async")
     patches = [_Patch(codecache, "_worker_compile_cpp", wrap_worker_compile_cpp(worker))]
     precompile_header = getattr(codecache, "_precompile_header", None)  # the header preprocessing, put off
     if precompile_header is not None and hasattr(codecache, "_HEADER_DIR"):
+        _function(codecache, "_precompile_header", ("header", "hashable_cmd_line", "compile_command"))
         patches.append(_Patch(codecache, "_precompile_header", wrap_precompile_header(precompile_header, codecache)))
     return patches
 
 
 def _cpp_builder_seam() -> list[_Patch]:
     CppBuilder = _require(CPP_BUILDER, "CppBuilder")
-    _require(CPP_BUILDER, "CppBuilder", "get_target_file_path")
-    build = _require(CPP_BUILDER, "CppBuilder", "build")
+    _function(CppBuilder, "get_target_file_path", ("self",))
+    build = _function(CppBuilder, "build", ("self",))
     _require(CPP_BUILDER, "get_compiler_version_info")
     _require(CPP_BUILDER, "get_cpp_compiler")
     return [_Patch(CppBuilder, "build", wrap_build(build))]
@@ -478,14 +545,24 @@ def triton_available() -> bool:
 
 def _pgo_seams(store: LiveStore) -> list[_Patch]:
     pgo = _require(PGO)
+    _function(pgo, "get_local_code_state", ("cache_key",))
+    _function(pgo, "put_local_code_state", ("cache_key",))
     try:
+        _function(pgo.PGOCacheArtifact, "populate_cache", ("self",))
         return [_Patch(owner, name, new) for owner, name, new in _pgo.patches(store, pgo)]
     except AttributeError as exc:
         raise SeamMissingError(f"torch seam missing: {exc}") from exc
 
 
 def _precompile_seams(store: LiveStore) -> list[_Patch]:
-    return [_Patch(owner, name, new) for owner, name, new in _precompile.patches(store, _require(PACKAGE))]
+    package = _require(PACKAGE)
+    cls = getattr(package, "DiskDynamoCache", None)
+    if cls is not None and all(hasattr(cls, name) for name in _precompile.REQUIRED):
+        _function(cls, "load", ("self", "fn"))
+        _function(cls, "read", ("self", "path"))
+        _function(cls, "_write_to_local_cache", ("self", "pickled_content", "path"))
+        _function(cls, "clear", ("self",))
+    return [_Patch(owner, name, new) for owner, name, new in _precompile.patches(store, package)]
 
 
 def _autotune_seams() -> list[_Patch]:
@@ -493,15 +570,33 @@ def _autotune_seams() -> list[_Patch]:
 
     try:
         found = _autotune.patches()
-    except (ImportError, AttributeError) as exc:
-        raise SeamMissingError(f"torch seam missing: CachingAutotuner.recheck_autotune_cache ({exc})") from exc
+    except (ImportError, AttributeError, TypeError) as exc:
+        raise SeamMissingError(f"torch seam missing: {exc}") from exc
     return [_Patch(owner, name, new) for owner, name, new in found]
+
+
+def _scope_seams(name: str) -> list[_Patch]:
+    """``fresh_cache`` (``torch._inductor.utils``) or ``temporary_cache_dir``
+    (``torch._inductor.runtime.cache_dir_utils``), in their module and in every module that
+    imported them by name (:mod:`cachedb.live._scopes`)."""
+    if name == UTILS:
+        module = _require(UTILS)
+        original = _function(module, "fresh_cache", _scopes.FRESH_PARAMETERS)
+        new = _scopes.wrap_fresh_cache(original)
+    else:
+        module = _require(CACHE_DIR_UTILS)
+        original = _function(module, "temporary_cache_dir", _scopes.TEMPORARY_PARAMETERS)
+        new = _scopes.wrap_temporary_cache_dir(original)
+    patches = [_Patch(holder, attr, new) for holder, attr in _scopes.holders(original)]
+    if not any(holder is module for holder, _ in _scopes.holders(original)):
+        patches.append(_Patch(module, original.__name__, new))
+    return patches
 
 
 def module_patches(name: str, store: LiveStore, *, retune: bool = False) -> list[_Patch]:
     """The patches of seam module ``name`` (one of :data:`cachedb.live._autoload.SEAM_MODULES`,
     imported and complete): what :func:`build` patches in it. Raises :class:`SeamMissingError`
-    if a seam is missing. ``retune``: keep torch's own ``recheck_autotune_cache`` (re-measure stored winners)."""
+    if a seam is missing or changed. ``retune``: keep torch's own re-tuning of stored winners."""
     if name == CODECACHE:
         return (_guarded_seams(store, _require(CODECACHE, "FxGraphCache"), "fxgraph")
                 + _local_cache_seams(store) + _worker_compile_cpp_seam())
@@ -518,6 +613,8 @@ def module_patches(name: str, store: LiveStore, *, retune: bool = False) -> list
         return _precompile_seams(store)
     if name == TRITON_HEURISTICS:
         return _autotune_seams() if not retune and triton_available() else []
+    if name in (UTILS, CACHE_DIR_UTILS):
+        return _scope_seams(name)
     for cache_mod, gemm_mod, utils_mod, config_ns in _CUTLASS_MODULES:
         if name == cache_mod:
             return _cutlass_patches(store, _require(cache_mod), gemm_mod, utils_mod, config_ns)
@@ -526,10 +623,10 @@ def module_patches(name: str, store: LiveStore, *, retune: bool = False) -> list
 
 def build(store: LiveStore, *, retune: bool = False) -> list[_Patch]:
     """Every patch for the installed torch, importing the seam modules (the CUTLASS one is
-    patched when torch imports it). Raises :class:`SeamMissingError` if one is missing.
-    ``retune``: keep torch's own ``recheck_autotune_cache`` (re-measure stored winners)."""
+    patched when torch imports it). Raises :class:`SeamMissingError` if one is missing or
+    changed. ``retune``: keep torch's own re-tuning of stored winners."""
     patches: list[_Patch] = []
-    for name in (CODECACHE, AOT_CACHE, AUTOTUNE_CACHE, CPP_BUILDER, PGO, PACKAGE):
+    for name in (CODECACHE, AOT_CACHE, AUTOTUNE_CACHE, CPP_BUILDER, PGO, PACKAGE, UTILS, CACHE_DIR_UTILS):
         patches += module_patches(name, store, retune=retune)
     patches += _cutlass_seams(store)
     if not retune and triton_available():

@@ -12,9 +12,11 @@ import copy
 import datetime as dt
 import itertools
 import logging
+import math
 import operator
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -25,6 +27,7 @@ from ..store.trust import untrusted_reason
 from ..db import CacheDB, Repos
 from ..fingerprint import current as current_fingerprint
 from ..keys import split_inputs_key
+from ..store.filesystems import network_filesystem
 from ..store.payload import pack
 from ..store.tables import GUARDED_KINDS, utcnow
 from ..repositories import best_configs as best_configs_repo
@@ -44,10 +47,30 @@ T = TypeVar("T")
 
 #: Seconds a live lookup or write waits on a locked database before it counts as a miss.
 DEFAULT_LIVE_TIMEOUT_S = 10.0
+#: Seconds a store that found its database locked past its timeout is left alone (torch's own
+#: files serve meanwhile) before it is tried again: the remote tier's ``RETRY_AFTER_S``.
+LOCKED_RETRY_S = 30.0
 
 
 class _Unavailable(Exception):
-    """The database could not be opened; already warned about, every call is a miss."""
+    """The database could not be opened, or is left alone for a while; already warned about."""
+
+
+def _is_locked(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what it wraps) is SQLite's "database is locked" / "busy", or a
+    migration lock that was not obtained in time."""
+    from .._errors import MigrationError
+
+    seen = 0
+    while exc is not None and seen < 5:
+        text = str(exc)
+        if isinstance(exc, MigrationError) and "held the upgrade lock" in text:
+            return True
+        if "database is locked" in text or "database table is locked" in text or "database is busy" in text:
+            return True
+        exc = getattr(exc, "orig", None) or exc.__cause__  # type: ignore[assignment]
+        seen += 1
+    return False
 
 
 class LiveStore:
@@ -83,25 +106,56 @@ class LiveStore:
         self._warned: set[str] = set()
         self.closed = False
         self._open_failed = False
+        #: ``time.monotonic()`` before which this store does not serve (torch's files do):
+        #: 0 while it serves, ``math.inf`` once it failed to open (:meth:`serving`)
+        self.down_until = 0.0
+        self._warned_locked = False
         #: every best config, while no other connection commits (:mod:`._best_configs`)
         self.best_configs = BestConfigCopy()
         #: the checksum this process last stored per (kind, key) of Dynamo's caches
         self._dynamo_written: dict[tuple[str, str], str] = {}
+        #: its kernel-artifact side (``cachedb.live._artifacts.for_store`` makes it)
+        self.kernel_artifacts: Any = None
 
     # -- plumbing ---------------------------------------------------------------------------
+
+    def serving(self) -> bool:
+        """Whether this store serves now: not after its database failed to open (for the rest
+        of the process), nor for :data:`LOCKED_RETRY_S` seconds after it stayed locked past
+        the timeout. While it does not, :func:`cachedb.live._scopes.route` answers ``None``
+        and torch's own files serve."""
+        until = self.down_until
+        if not until:
+            return True
+        if until != math.inf and time.monotonic() >= until:
+            self.down_until = 0.0
+            return True
+        return False
 
     @property
     def db(self) -> CacheDB:
         """The database, opened on first use. If opening fails, that is warned about once
-        and the store stays unavailable for the rest of the process (every call a miss)."""
+        and the store stays unavailable for the rest of the process (torch's files serve).
+
+        A database on a network file system (NFS, SMB, FUSE, ...:
+        :func:`cachedb.store.filesystems.network_filesystem`) is not opened: SQLite's
+        write-ahead log is unsafe there. A database behind the code's schema revision is
+        upgraded only if the upgrade lock is had within the timeout (else it is left to
+        ``cachedb upgrade``)."""
         with self._lock:
             if self._db is None:
                 if self._open_failed:
                     raise _Unavailable()
                 try:
-                    self._db = CacheDB(self.location, busy_timeout_s=self.timeout_s)
+                    self._check_filesystem()
+                    self._db = CacheDB(self.location, busy_timeout_s=self.timeout_s,
+                                       upgrade_lock_timeout_s=self.timeout_s)
+                except _Unavailable:
+                    raise
                 except Exception as exc:
-                    self._open_failed = True
+                    if not _is_locked(exc):  # else: tried again once the lock is left alone
+                        self._open_failed = True
+                        self.down_until = math.inf
                     self.warn_once("opening the database", exc)
                     raise _Unavailable() from exc
                 self._sweep(self._db)
@@ -114,6 +168,23 @@ class LiveStore:
                         self.location, reason,
                     )
             return self._db
+
+    def _check_filesystem(self) -> None:
+        """Refuse (one warning; :class:`_Unavailable`) an SQLite file on a network file system."""
+        if "://" in self.location and not self.location.startswith("sqlite"):
+            return
+        path = self.location.split("///", 1)[1] if self.location.startswith("sqlite") else self.location
+        if not path or path == ":memory:":
+            return
+        found = network_filesystem(path)
+        if found is None:
+            return
+        self._open_failed = True
+        self.down_until = math.inf
+        log.warning("cachedb: %s is on a network file system, %s, where SQLite's write-ahead log is unsafe; "
+                    "it is not opened and torch's own files serve Inductor (point CACHEDB_PATH at a local "
+                    "disk, or a shared tier at PostgreSQL)", self.location, found)
+        raise _Unavailable()
 
     def _sweep(self, db: CacheDB) -> None:
         """Delete the rows that crossed in from another database under a trust this process
@@ -138,12 +209,20 @@ class LiveStore:
         Other processes see a put once it is written."""
         return self.writer.flush(timeout_s) if self.writer is not None else True
 
-    def close(self) -> None:
+    def close(self, timeout_s: float | None = None) -> None:
+        """Write what is queued (the FX graph / AOTAutograd puts, the hit counts, the remote
+        tier's copies: at most ``timeout_s`` seconds in all, default each queue's own bound),
+        then close the database."""
+        deadline = time.monotonic() + timeout_s if timeout_s is not None else None
+
+        def left() -> float | None:
+            return max(0.0, deadline - time.monotonic()) if deadline is not None else None
+
         if self.writer is not None:
-            self.writer.close()  # queued puts first (bounded wait)
+            self.writer.close(left())  # queued puts first (bounded wait)
         self.flush_hits()
         if self.remote is not None:
-            self.remote.close()  # sends what is queued first (bounded wait)
+            self.remote.close(left())  # sends what is queued first (bounded wait)
         with self._lock:
             self.closed = True
             if self._db is not None:
@@ -152,6 +231,21 @@ class LiveStore:
             self.best_configs.clear()
 
     def warn_once(self, what: str, exc: BaseException) -> None:
+        """One warning per kind of failure (``what``) and process. A database found locked past
+        the timeout is left alone for :data:`LOCKED_RETRY_S` seconds (torch's files serve
+        meanwhile), said once per process."""
+        if _is_locked(exc):
+            self.down_until = time.monotonic() + LOCKED_RETRY_S
+            if not self._warned_locked:
+                self._warned_locked = True
+                log.warning(
+                    "cachedb: %s stayed locked past CACHEDB_TIMEOUT (%g s) while %s (%s); torch's own files "
+                    "serve Inductor for %g s, then cachedb tries again (not logged again)",
+                    self.location, self.timeout_s, what, type(exc).__name__, LOCKED_RETRY_S,
+                )
+            else:
+                log.debug("cachedb: %s locked while %s: %s", self.location, what, exc)
+            return
         if what not in self._warned:
             self._warned.add(what)
             log.warning(
@@ -161,6 +255,10 @@ class LiveStore:
             )
 
     def safely(self, what: str, default: T, fn: Callable[[], T]) -> T:
+        """``fn()``, or ``default`` when it fails (one warning per kind of failure,
+        :meth:`warn_once`) or while the store does not serve (:meth:`serving`)."""
+        if self.down_until and not self.serving():
+            return default
         try:
             return fn()
         except _Unavailable:
@@ -442,6 +540,28 @@ class LiveStore:
 
         if self.safely(f"{kind} write", False, write):
             self.push(sync.guarded(kind, key))
+
+    def clear_kind(self, kind: str) -> int:
+        """Delete every entry of ``kind`` (``fxgraph``, ``aotautograd``, or one of Dynamo's
+        kinds: ``pgo``, ``precompile``, ``precompile_refusal``) from this store's database, as
+        torch's ``clear()`` removes its directory; queued puts are written first, so none comes
+        back after it. One log line (info) says what was removed. A remote tier is never
+        cleared. Returns how many rows were deleted (0 where the database cannot be written)."""
+        self.flush()
+
+        def write() -> int:
+            with self.db.write() as repos:
+                n = repos.guarded.clear(kind) if kind in GUARDED_KINDS else repos.dynamo(kind).clear()
+            if kind not in GUARDED_KINDS:
+                self._dynamo_written = {k: v for k, v in self._dynamo_written.items() if k[0] != kind}
+            with self._lock:
+                self._hits = {k: v for k, v in self._hits.items() if k[0] != kind}
+            return n
+
+        removed = self.safely(f"{kind} clear", 0, write)
+        log.info("cachedb: cleared %d %s entr%s from %s", removed, kind, "y" if removed == 1 else "ies",
+                 self.location)
+        return removed
 
     # -- autotune timings and LocalCache values ----------------------------------------------
 
@@ -751,6 +871,11 @@ class LazyLocalCache(_LazyDict):
         self._system_hash = system_hash
         self._loaded: set[str] = set()
         self.served: dict[str, Any] = {}
+
+    @property
+    def store(self) -> LiveStore:
+        """The store this document was read from (its changes are written there)."""
+        return self._store
 
     def _ensure(self, key: Any) -> None:
         if not isinstance(key, str) or key in self._loaded:

@@ -62,7 +62,9 @@ DEFAULT_FLUSH_TIMEOUT_S = 60.0
 
 def enabled_by_environment() -> bool:
     """``$CACHEDB_WRITE_BEHIND`` is unset or anything but ``0`` / ``false`` / ``no`` / ``off``."""
-    return os.environ.get(ENV_WRITE_BEHIND, "1").strip().lower() not in {"0", "false", "no", "off"}
+    from .. import settings
+
+    return bool(settings.value_or_default(ENV_WRITE_BEHIND))
 
 
 def _in_multiprocessing_child() -> bool:

@@ -329,3 +329,7 @@ class DynamoRepository:
 
     def count(self) -> int:
         return int(self.session.execute(select(func.count()).select_from(self.table)).scalar_one())
+
+    def clear(self) -> int:
+        """Delete every row of this kind; returns how many."""
+        return int(self.session.execute(delete(self.table)).rowcount or 0)

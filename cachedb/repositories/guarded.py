@@ -540,6 +540,11 @@ class GuardedEntryRepository:
         bytes freed)``."""
         return self.apply_evict(self.plan_evict(max_bytes=max_bytes, older_than=older_than))
 
+    def clear(self, kind: str) -> int:
+        """Delete every variant of ``kind`` (``fxgraph`` or ``aotautograd``); returns how many."""
+        _check_kind(kind)
+        return int(self.session.execute(delete(_G).where(_G.c.kind == kind)).rowcount or 0)
+
     def record_hit(self, kind: str, key: str, variant: str) -> None:
         self.session.execute(
             _HIT, {"k_kind": kind, "k_key": key, "k_variant": variant, "now": utcnow()}

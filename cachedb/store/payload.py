@@ -47,6 +47,7 @@ import xxhash
 import zstandard
 
 from .._errors import CorruptPayloadError
+from .. import settings
 
 log = logging.getLogger("cachedb")
 
@@ -107,16 +108,11 @@ def _configured_level() -> int | None:
     raw = os.environ.get(LEVEL_ENV)
     if raw != _level_setting[0]:
         level: int | None = None
-        if raw is not None and raw.strip():
-            try:
-                level = int(raw)
-                if not MIN_COMPRESSION_LEVEL <= level <= zstandard.MAX_COMPRESSION_LEVEL:
-                    raise ValueError(
-                        f"outside zstd's levels {MIN_COMPRESSION_LEVEL}..{zstandard.MAX_COMPRESSION_LEVEL}"
-                    )
-            except ValueError as exc:
-                log.warning("%s=%r is not a zstd level (%s); payloads use the default level", LEVEL_ENV, raw, exc)
-                level = None
+        try:
+            level = settings.read(LEVEL_ENV)
+        except settings.SettingError as exc:
+            log.warning("%s; payloads use the default level", exc)
+            level = None
         _level_setting = (raw, level or None)
     return _level_setting[1]
 

@@ -6,6 +6,8 @@ import os
 import stat
 from pathlib import Path
 
+from ..settings import value_or_default
+
 #: ``CACHEDB_TRUST=1`` trusts every database (for shared read-only team caches you vetted).
 ENV_TRUST = "CACHEDB_TRUST"
 
@@ -17,7 +19,7 @@ def untrusted_reason(path: Path) -> str | None:
     writable by others without the sticky bit, or owned by another user and group-writable
     (anyone who can write there can swap the file). ``CACHEDB_TRUST=1`` overrides.
     """
-    if os.environ.get(ENV_TRUST) == "1" or not hasattr(os, "getuid"):
+    if value_or_default(ENV_TRUST) or not hasattr(os, "getuid"):
         return None
     uid = os.getuid()
     try:
