@@ -238,10 +238,11 @@ class LiveStore:
             self.down_until = time.monotonic() + LOCKED_RETRY_S
             if not self._warned_locked:
                 self._warned_locked = True
+                reason = " ".join(str(exc).split())[:300]
                 log.warning(
-                    "cachedb: %s stayed locked past CACHEDB_TIMEOUT (%g s) while %s (%s); torch's own files "
-                    "serve Inductor for %g s, then cachedb tries again (not logged again)",
-                    self.location, self.timeout_s, what, type(exc).__name__, LOCKED_RETRY_S,
+                    "cachedb: %s stayed locked past CACHEDB_TIMEOUT (%g s) while %s (%s: %s); torch's own "
+                    "files serve Inductor for %g s, then cachedb tries again (not logged again)",
+                    self.location, self.timeout_s, what, type(exc).__name__, reason, LOCKED_RETRY_S,
                 )
             else:
                 log.debug("cachedb: %s locked while %s: %s", self.location, what, exc)
