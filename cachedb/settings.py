@@ -103,6 +103,10 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
     Variable("CACHEDB_EXIT_FLUSH", _SECONDS, _seconds(0.0), 5.0,
              "seconds a process waits at exit for its queued writes (FX graph and AOTAutograd "
              "entries, a remote tier's copies); what is still queued then is not written"),
+    Variable("CACHEDB_FRESH_CACHE", "a directory path", _text, None,
+             "set by cachedb inside a torch fresh_cache() block, for the processes started there: "
+             "the cache dir in use outside the block; any other cache dir is served from a "
+             "database of its own, in that directory"),
     Variable("CACHEDB_LOG_FILE", "a file path", _text, None, "a file every live process appends its lookup trace to"),
     Variable("CACHEDB_RETUNE", _FLAG, _flag, False, "keep torch's runtime re-tuning of stored winners"),
     Variable("CACHEDB_WRITE_BEHIND", _FLAG, _flag, True,

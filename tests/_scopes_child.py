@@ -41,9 +41,11 @@ def compiled(fn, *args):
     return [counters["inductor"][k] for k in KEYS], out
 
 
-def child() -> list[int]:
-    """A Python process started here compiles a function: its (hits, misses)."""
-    proc = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, check=True)
+def child(cache_dir: str | None = None) -> list[int]:
+    """A Python process started here (with ``cache_dir`` as its cache dir, if given) compiles a
+    function: its (hits, misses)."""
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache_dir) if cache_dir else None
+    proc = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, check=True, env=env)
     return [int(n) for n in proc.stdout.split()]
 
 
@@ -60,11 +62,15 @@ report: dict[str, object] = {}
 
 # A fresh block serves nothing stored before it, and what it compiles inside it.
 report["outside"] = compiled(f, x)[0]
+report["child outside"] = child()
 with fresh_inductor_cache():
     report["fresh: first"] = compiled(f, x)[0]
     report["fresh: again"] = compiled(f, x)[0]
     report["fresh: child"] = child()
     report["fresh: second child"] = child()
+    elsewhere = tempfile.mkdtemp()  # a child given another, empty cache dir: empty there too
+    report["fresh: child elsewhere"] = child(elsewhere)
+    report["fresh: child elsewhere again"] = child(elsewhere)
 report["after fresh"] = compiled(f, x)[0]
 
 # A kept directory serves what its block compiled, wherever it is the cache dir.

@@ -55,6 +55,7 @@ def test_every_case_counts_as_with_torch_alone(reports: tuple[dict, dict, Path])
     # and torch alone does what these cases say (hits, misses)
     assert alone["fresh: first"] == [0, 1] and alone["fresh: again"] == [1, 0]
     assert alone["fresh: child"] == [0, 1] and alone["fresh: second child"] == [1, 0]
+    assert alone["fresh: child elsewhere"] == [0, 1] and alone["fresh: child elsewhere again"] == [1, 0]
     assert alone["after fresh"] == [1, 0]
     assert alone["kept: child there"] == [1, 0]
     assert alone["k: again"] == [1, 0] and alone["k: after clear"] == [0, 1]

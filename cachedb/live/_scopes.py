@@ -15,7 +15,10 @@ what each promises:
   the cache dir). The processes started inside the block, and Inductor's compile workers, which
   torch hands the block's directory with each job (``extra_env``,
   torch/_inductor/async_compile.py), find the block by :data:`MARKER`, a file in the directory.
-  A remote tier is neither asked nor written inside.
+  A process started inside the block keeps its isolation whatever cache dir it is given
+  (:data:`ENV_FRESH`): torch alone gives a new, empty directory an empty cache, and so does
+  cachedb there, with a database in that directory; only the cache dir in use outside the block
+  is served by the database in use. A remote tier is neither asked nor written inside.
 - ``temporary_cache_dir(directory)`` (torch/_inductor/runtime/cache_dir_utils.py): the
   directory *is* the cache, its files included: ``CompiledArtifact.save(format="unpacked")``
   unpacks its entries into it and ``CompiledArtifact.load(format="unpacked")`` reads them back
@@ -49,6 +52,9 @@ log = logging.getLogger("cachedb.live")
 ENV_CACHE_DIR = "TORCHINDUCTOR_CACHE_DIR"
 #: The file that marks a ``fresh_cache()`` directory: its entries are in :data:`DATABASE` beside it.
 MARKER = ".cachedb-fresh-cache"
+#: Set in a ``fresh_cache()`` block for the processes started in it: the cache dir in use
+#: outside the block (the only one the database in use serves in those processes).
+ENV_FRESH = "CACHEDB_FRESH_CACHE"
 #: The database of a ``fresh_cache()`` block, in its directory.
 DATABASE = "cachedb.db"
 #: Databases of fresh blocks this process did not enter (it was started inside one, or is a
@@ -105,6 +111,10 @@ def _resolve(active: LiveStore, env: str | None) -> tuple[str | None, LiveStore 
                 _fresh.move_to_end(where)
             elif os.path.exists(os.path.join(where, MARKER)):
                 target = _open_fresh(where, active)
+            else:
+                outer = os.environ.get(ENV_FRESH)  # started inside a fresh block: a dir of its own
+                if outer and where != os.path.abspath(outer):
+                    target = _open_fresh(where, active)
         memo = (env, active, target)
         _memo = memo
     return memo
@@ -163,8 +173,13 @@ def wrap_fresh_cache(original: Callable[..., Any]) -> Callable[..., Any]:
     @contextlib.contextmanager
     def fresh_cache(cache_entries: dict[str, Any] | None = None, dir: str | None = None,
                     delete: bool = True) -> Iterator[None]:
+        outer = os.environ.get(ENV_FRESH)
+        if outer is None:
+            outer = os.environ.get(ENV_CACHE_DIR) or _default_cache_dir()
         with original(cache_entries=cache_entries, dir=dir, delete=delete):
             directory = os.environ.get(ENV_CACHE_DIR)
+            inherited = os.environ.get(ENV_FRESH)
+            os.environ[ENV_FRESH] = os.path.abspath(outer)
             try:
                 if directory is not None:
                     _enter_fresh(directory)
@@ -175,6 +190,10 @@ def wrap_fresh_cache(original: Callable[..., Any]) -> Callable[..., Any]:
             try:
                 yield
             finally:
+                if inherited is None:
+                    os.environ.pop(ENV_FRESH, None)
+                else:
+                    os.environ[ENV_FRESH] = inherited
                 if directory is not None:
                     _leave_fresh(directory)
 
@@ -209,6 +228,14 @@ def wrap_temporary_cache_dir(original: Callable[..., Any]) -> Callable[..., Any]
 
     temporary_cache_dir.__wrapped__ = original  # type: ignore[attr-defined]
     return temporary_cache_dir
+
+
+def _default_cache_dir() -> str:
+    """torch's cache dir when ``$TORCHINDUCTOR_CACHE_DIR`` is unset (``default_cache_dir``,
+    torch/_inductor/runtime/cache_dir_utils.py)."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    return str(default_cache_dir())
 
 
 def parameters(fn: Any) -> tuple[str, ...] | None:
