@@ -1,4 +1,5 @@
-"""The re-tuning seam: installed by default, left out with retune=True or
+"""The re-tuning seams: installed by default (Triton's ``Config.__setstate__`` on every
+release, the backports of torch's fixes on 2.9 to 2.12), left out with retune=True or
 CACHEDB_RETUNE=1, restored on uninstall. Its effect (no runtime coordinate descent for stored
 winners) needs a GPU: benchmarks/s1_warm_start.py --device cuda measures it."""
 
@@ -19,13 +20,15 @@ import sys, os
 import torch
 import cachedb
 from cachedb.live import _autotune
-from torch._inductor.runtime.triton_heuristics import CachingAutotuner
-torch_own = CachingAutotuner.recheck_autotune_cache
+from torch._inductor.runtime.triton_heuristics import CachingAutotuner, Config
+torch_own = (CachingAutotuner.recheck_autotune_cache, Config.__setstate__)
 kwargs = {} if sys.argv[2] == "default" else {"retune": sys.argv[2] == "retune"}
 cachedb.install(sys.argv[1], **kwargs)
-patched = CachingAutotuner.recheck_autotune_cache is _autotune.recheck_autotune_cache
+patched = Config.__setstate__ is not torch_own[1]
+backport = CachingAutotuner.recheck_autotune_cache is _autotune.recheck_autotune_cache
+assert backport == (patched and _autotune.backports_needed()), (backport, patched)
 cachedb.uninstall()
-restored = CachingAutotuner.recheck_autotune_cache is torch_own
+restored = (CachingAutotuner.recheck_autotune_cache, Config.__setstate__) == torch_own
 print(patched, restored)
 """
 
