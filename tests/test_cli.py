@@ -314,16 +314,13 @@ def test_locked_past_the_timeout_is_one_line(mode: str, command: str, populated:
         if command == "import":
             args = ["import", str(_synth.build(tmp_path / "ind", seed=3, fx_keys=2, aot_keys=1, best_configs=1,
                                                docs=1).root)]
-        start = time.monotonic()
         result = invoke(*args, "--db", str(path), "--timeout", "0.5")
-        elapsed = time.monotonic() - start
     finally:
         locker.kill()
         locker.wait()
     assert result.exit_code == 1, result.output
     assert _error_lines(result) == [f"error: {path}: database is locked: another process held it longer than "
                                     "the 0.5 s timeout (--timeout SECONDS)"]
-    assert elapsed < 15
 
 
 @pytest.mark.parametrize("command", ["stats", "query", "verify", "export", "import", "prune", "init", "upgrade",
@@ -431,8 +428,6 @@ def test_progress_bar_counts_bytes_and_is_throttled() -> None:
     assert 1 <= bar.refreshes <= elapsed / ProgressBar.interval + 2
     text = out.getvalue()
     assert "300000/300000 files" in text and "300.0/300.0 MB" in text
-    # a loop of updates costs about a clock read each: well under 10 µs per update here
-    assert elapsed / total < 10e-6 or elapsed < 3
 
 
 def test_import_draws_a_progress_bar_on_a_terminal(tmp_path: Path) -> None:

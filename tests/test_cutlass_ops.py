@@ -89,14 +89,13 @@ def test_module_imports_neither_torch_nor_cutlass() -> None:
 # -- the real corpus ----------------------------------------------------------------------------
 
 
-def test_corpus_row_count_arch_and_speed(parsed: tuple[list[CutlassOpRow], float]) -> None:
+def test_corpus_row_count_and_arch(parsed: tuple[list[CutlassOpRow], float]) -> None:
     rows, seconds = parsed
     assert len(rows) == N_OPS
     assert [r.position for r in rows] == list(range(N_OPS))
     assert infer_arch(rows) == 90
     assert all(r.arch == 90 for r in rows)
-    print(f"parse_op_list: {N_OPS} ops in {seconds:.2f} s")
-    assert seconds < 10.0, f"parsing the corpus took {seconds:.1f} s"
+    print(f"parse_op_list: {N_OPS} ops in {seconds:.2f} s")  # the benchmarks' import section times it
 
 
 def test_corpus_first_row(rows: list[CutlassOpRow]) -> None:

@@ -161,11 +161,30 @@ def test_cli_upgrade_through_pgbouncer_creates_the_schema(pgbouncer: Any, databa
         db.close()
 
 
-def _lookups_through_a_restart(url: str, local: str, keys: list[str], opened: Any, stopped: Any, out: Any) -> None:
+def _signal_once_refused(store: LiveStore, refused: Any) -> threading.Thread:
+    """A thread that sets ``refused`` once ``store``'s remote tier has retried (met a refused
+    or full server) and waits it out: what the tests wait on before they let the server back."""
+    remote = store.remote
+    assert remote is not None
+
+    def watch() -> None:
+        deadline = time.monotonic() + 60
+        while not remote.counts.get("retries") and time.monotonic() < deadline:
+            time.sleep(0.005)
+        refused.set()
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+def _lookups_through_a_restart(url: str, local: str, keys: list[str], opened: Any, stopped: Any, refused: Any,
+                               out: Any) -> None:
     store = LiveStore(local, remote=RemoteTier(url, timeout_s=8.0, idle_s=0.0), write_behind=False)
     served = _served(store, keys[0]) is not None  # the remote is open: its schema checked
     opened.wait(60)
-    stopped.wait(60)  # the server is down now, for 0.5 s: the next lookup meets ``connection refused``
+    stopped.wait(60)  # the server is down now: the next lookup meets ``connection refused``
+    _signal_once_refused(store, refused)
     for key in keys[1:]:
         served += _served(store, key) is not None
         time.sleep(0.05)
@@ -175,16 +194,17 @@ def _lookups_through_a_restart(url: str, local: str, keys: list[str], opened: An
 
 def test_a_server_restarted_mid_herd_is_waited_out(tmp_path: Path, pgbouncer: Any, database: str) -> None:
     """Six machines have each looked up one entry when the server they connect to (PgBouncer)
-    stops for 0.5 s and starts again; they go on looking up 39 more, one every 50 ms, the first
-    of them while the server is down (``connection refused``): every lookup waits it out within
-    its timeout, all served, no fallback to the local cache."""
+    stops, and starts again once every machine has met it down (``connection refused``); they
+    go on looking up 39 more, one every 50 ms: every lookup waits the outage out within its
+    timeout, all served, no fallback to the local cache."""
     url = pgbouncer.url(database)
     entries = _fill(url, tmp_path, 40)
     keys = [key for key, _ in entries]
     mp = multiprocessing.get_context("fork")
     opened, stopped, out = mp.Barrier(7), mp.Event(), mp.Queue()
+    refused = [mp.Event() for _ in range(6)]
     procs = [mp.Process(target=_lookups_through_a_restart,
-                        args=(url, str(tmp_path / f"m{i}.db"), keys, opened, stopped, out))
+                        args=(url, str(tmp_path / f"m{i}.db"), keys, opened, stopped, refused[i], out))
              for i in range(6)]
     for p in procs:
         p.start()
@@ -193,7 +213,7 @@ def test_a_server_restarted_mid_herd_is_waited_out(tmp_path: Path, pgbouncer: An
         pgbouncer.stop()
     finally:
         stopped.set()
-    time.sleep(0.5)
+    assert all(event.wait(60) for event in refused)  # each machine is waiting the outage out
     pgbouncer.start()
     results = [out.get(timeout=120) for _ in procs]
     for p in procs:
@@ -229,10 +249,11 @@ def limited_role(pg_url: str) -> Iterator[tuple[str, str]]:
         admin.dispose()
 
 
-def _lookup_once(url: str, local: str, key: str, barrier: Any, out: Any) -> None:
+def _lookup_once(url: str, local: str, key: str, barrier: Any, refused: Any, out: Any) -> None:
     store = LiveStore(local, remote=RemoteTier(url, timeout_s=10.0, idle_s=0.0), write_behind=False)
     store.db
     barrier.wait(60)  # every machine asks while the server is still full
+    _signal_once_refused(store, refused)
     started = time.monotonic()
     content = _served(store, key)
     out.put((content is not None, time.monotonic() - started, dict(store.remote.counts)))  # type: ignore[union-attr]
@@ -241,9 +262,9 @@ def _lookup_once(url: str, local: str, key: str, barrier: Any, out: Any) -> None
 
 def test_a_full_server_is_a_wait_not_an_outage(tmp_path: Path, pg_url: str, limited_role: tuple[str, str]) -> None:
     """Both connections the role may have are taken; eight machines (each its own local file)
-    ask for an entry at once, and the connections are given back 1 s later. Each is refused (``too many connections for
-    role``), waits with backoff and is served once a connection frees: 8 of 8, none falls
-    back to its local cache, each within its timeout."""
+    ask for an entry at once, and the connections are given back once each has been refused
+    (``too many connections for role``): each waits with backoff and is served once a
+    connection frees, 8 of 8, none falls back to its local cache, each within its timeout."""
     role, url = limited_role
     (key, content), = _fill(pg_url, tmp_path, 1)
     holders = create_engine(url)
@@ -255,12 +276,13 @@ def test_a_full_server_is_a_wait_not_an_outage(tmp_path: Path, pg_url: str, limi
     assert transient(refused.value) and "too many connections" in str(refused.value)
     mp = multiprocessing.get_context("fork")
     barrier, out = mp.Barrier(9), mp.Queue()
-    procs = [mp.Process(target=_lookup_once, args=(url, str(tmp_path / f"m{i}.db"), key, barrier, out))
+    refused = [mp.Event() for _ in range(8)]
+    procs = [mp.Process(target=_lookup_once, args=(url, str(tmp_path / f"m{i}.db"), key, barrier, refused[i], out))
              for i in range(8)]
     for p in procs:
         p.start()
     barrier.wait(60)
-    time.sleep(1.0)
+    assert all(event.wait(60) for event in refused)  # every machine met the full server
     for conn in held:
         conn.close()
     holders.dispose()
@@ -393,13 +415,26 @@ def test_a_rank_killed_while_asking_leaves_no_one_waiting(tmp_path: Path, pg_url
     assert holding.wait(30)
     waiter = threading.Thread(target=lambda: out.put(_timed_lookup(pg_url, local, key)))
     waiter.start()
-    time.sleep(0.3)
+    assert _blocked_on(coalescer.path, 30)  # the waiter is queued behind the asker's lock
     asker.kill()
     asker.join(10)
     waiter.join(30)
     served, waited = out.get(timeout=5)
     assert served == content
     assert waited < 5  # not the whole 10 s timeout
+
+
+def _blocked_on(path: Path, timeout_s: float) -> bool:
+    """Whether, within ``timeout_s`` seconds, some process waits for a lock of the file
+    ``path`` (a blocked request, ``->``, in ``/proc/locks``)."""
+    inode = os.stat(path).st_ino
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with open("/proc/locks") as locks:
+            if any("->" in line and f":{inode} " in line for line in locks):
+                return True
+        time.sleep(0.005)
+    return False
 
 
 def _timed_lookup(url: str, local: str, key: str) -> tuple[bytes | None, float]:
