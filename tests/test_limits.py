@@ -23,12 +23,24 @@ from cachedb.store.filesystems import network_filesystem
 
 torch = pytest.importorskip("torch")
 
-#: Compiles a function for two shapes; prints how long the compiles took (s) and the counters.
+#: Compiles a function for two shapes; prints how long the compiles took (s), how long of it
+#: was spent in the live store's database work (s: every ``LiveStore.safely`` call, where a
+#: lookup or write runs and waits), and the counters.
 _COMPILE = """
     import json, logging, sys, time
     logging.basicConfig(level=logging.WARNING, format="%(name)s %(levelname)s %(message)s")
     import cachedb, torch
+    from cachedb.live import _store
     from torch._dynamo.utils import counters
+    spent = [0.0]
+    safely = _store.LiveStore.safely
+    def timed(self, what, default, fn):
+        start = time.perf_counter()
+        try:
+            return safely(self, what, default, fn)
+        finally:
+            spent[0] += time.perf_counter() - start
+    _store.LiveStore.safely = timed
     cachedb.install(sys.argv[1], timeout_s=float(sys.argv[2]))
     def f(x):
         return torch.sin(x) * 2 + 1
@@ -37,7 +49,8 @@ _COMPILE = """
         torch._dynamo.reset()
         out = torch.compile(f)(torch.ones(n))
         assert torch.allclose(out, torch.sin(torch.ones(n)) * 2 + 1)
-    print(json.dumps({"seconds": time.perf_counter() - start, "counters": dict(counters["inductor"])}))
+    print(json.dumps({"seconds": time.perf_counter() - start, "in_cachedb": spent[0],
+                      "counters": dict(counters["inductor"])}))
 """
 
 
@@ -56,11 +69,9 @@ def _compile(db: Path, cache_dir: Path, timeout_s: float) -> tuple[dict, list[st
 @pytest.mark.slow
 def test_a_locked_database_costs_one_wait_and_one_warning(tmp_path: Path) -> None:
     """Another process holds the write lock for the whole compile: the first write waits the
-    timeout, then torch's files serve (no further wait): the compiles end within the timeout
-    plus 1 s of the same compiles on a free database."""
+    timeout, then torch's files serve (no further wait): cachedb's part of the compiles is
+    within the timeout plus 1 s."""
     timeout_s = 2.0
-    free, warned = _compile(tmp_path / "free.db", tmp_path / "ind-free", timeout_s)
-    assert warned == []
     db = tmp_path / "locked.db"
     CacheDB(db).close()
     holder = sqlite3.connect(db, isolation_level=None)
@@ -72,9 +83,9 @@ def test_a_locked_database_costs_one_wait_and_one_warning(tmp_path: Path) -> Non
         holder.close()
     assert len(warned) == 1 and "stayed locked past CACHEDB_TIMEOUT (2 s)" in warned[0], warned
     assert "torch's own files serve" in warned[0]
-    assert locked["seconds"] <= free["seconds"] + timeout_s + 1, (locked["seconds"], free["seconds"])
+    assert timeout_s <= locked["in_cachedb"] <= timeout_s + 1, locked  # one wait, no second
     assert (tmp_path / "ind-locked" / "fxgraph").is_dir()  # what torch wrote meanwhile: its files
-    assert locked["counters"].get("fxgraph_cache_miss") == free["counters"].get("fxgraph_cache_miss")
+    assert locked["counters"].get("fxgraph_cache_miss") == 2
 
 
 @pytest.mark.slow

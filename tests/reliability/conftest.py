@@ -49,7 +49,10 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    if not figures.FIGURES:
+    """Write the figures where ``$CACHEDB_RELIABILITY_FIGURES`` says (``python
+    tests/reliability/figures.py`` sets it); a plain test run writes nothing (the suite's
+    workers each see only part of the figures)."""
+    if not figures.FIGURES or not os.environ.get(figures.ENV_PATH):
         return
     data = {
         "figures": figures.FIGURES,

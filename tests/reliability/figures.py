@@ -1,8 +1,9 @@
 """The figures of a reliability run: what was tried, how often, with what outcome.
 
 Tests call :func:`add` (counters, summed) and :func:`note` (values, replaced) while they run;
-``tests/reliability/conftest.py`` writes everything to a JSON file when the session ends:
-``$CACHEDB_RELIABILITY_FIGURES`` if set, else ``tests/reliability/figures.json``.
+``tests/reliability/conftest.py`` writes everything to ``$CACHEDB_RELIABILITY_FIGURES`` when the
+session ends (this script sets it: ``--out``, else ``tests/reliability/figures.json``); a plain
+test run writes nothing.
 
 As a script::
 
