@@ -110,11 +110,25 @@ def test_head_revision_constant_matches_alembic() -> None:
     assert _migrate.HEAD_REVISION == _migrate.head_revision()
 
 
+#: The columns the timing views have had since revision 0001 (``autotune_timings`` since 0004).
+_REVISION_0001_COLUMNS = {
+    "autotune_timings": ("id", "fingerprint_id", "op", "inputs", "hint_override", "precision", "choice_hash",
+                         "timing_ms", "position", "recorded_at"),
+    "autotune_current": ("fingerprint_id", "op", "inputs", "hint_override", "precision", "choice_hash",
+                         "timing_ms", "recorded_at"),
+    "autotune_winners": ("fingerprint_id", "system_hash", "device_name", "torch_version", "cpu_model", "op",
+                         "inputs", "hint_override", "precision", "choice_hash", "timing_ms", "candidates",
+                         "recorded_at"),
+    "autotune_history": ("id", "op", "inputs", "hint_override", "precision", "choice_hash", "timing_ms",
+                         "recorded_at", "system_hash", "device_name", "cuda_version", "hip_version", "triton_key",
+                         "torch_version", "torch_key", "cpu_model", "isa"),
+}
+
+
 def _timing_state(db: CacheDB) -> dict[str, list[tuple]]:
-    """The flat timings (the columns every revision shows) and the tuning-history views, as
-    plain tuples (timestamps as text)."""
+    """The flat timings and the tuning-history views, the columns every revision shows (those
+    of revision 0001; 0011 adds the choices' after them), as plain tuples (timestamps as text)."""
     out = {}
-    flat = "id, fingerprint_id, op, inputs, hint_override, precision, choice_hash, timing_ms, position, recorded_at"
     with db.engine.connect() as conn:
         for name, order in (
             ("autotune_timings", "id"),
@@ -122,7 +136,7 @@ def _timing_state(db: CacheDB) -> dict[str, list[tuple]]:
             ("autotune_winners", "fingerprint_id, op, inputs, precision"),
             ("autotune_history", "id"),
         ):
-            columns = flat if name == "autotune_timings" else "*"
+            columns = ", ".join(_REVISION_0001_COLUMNS[name])
             rows = conn.execute(text(f"SELECT {columns} FROM {name} ORDER BY {order}")).all()
             out[name] = [tuple(str(v) if v is not None else None for v in row) for row in rows]
     return out
