@@ -123,9 +123,12 @@ def insert_missing(conn: Session | Connection, rows: Sequence[Mapping[str, Any]]
         return len(values)
     added = 0
     stmt = make(_C).on_conflict_do_nothing(index_elements=[_C.c.choice_hash])
+    counted = connection_of(conn).dialect.name == "sqlite"  # sqlite3's executemany counts its rows
+    if not counted:  # psycopg's does not: RETURNING the rows added
+        stmt = stmt.returning(_C.c.choice_hash)
     for start in range(0, len(values), _PER_QUERY):
         result = conn.execute(stmt, values[start:start + _PER_QUERY])
-        added += max(int(result.rowcount or 0), 0)
+        added += max(int(result.rowcount), 0) if counted else len(result.all())
     return added
 
 
