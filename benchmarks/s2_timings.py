@@ -14,7 +14,11 @@ timings, imported from the baseline's file with ``Importer``, attributed to this
 fingerprint (the one later records use).
 
 cachedb (live): the very same ``PersistentCache.lookup`` calls as the baseline, made inside
-``cachedb.installed(db)``, i.e. what ``torch.compile`` pays with the live backend.
+``cachedb.installed(db)``, i.e. what ``torch.compile`` pays with the live backend, the
+description of each choice included (:mod:`cachedb.live._choices`: the choices carry the name,
+description and ``info_dict()`` of torch's CPU choices, :class:`~._context.DescribedChoice`;
+the imported timings have none, so a lookup's first sight of a pair describes its 10 choices,
+as a record does).
 
 Every (op, inputs) pair has 10 choices; the pairs are spread over 4 ops. Units: ms per call.
 "Flat in N" is judged on the live record: its median at 100k stored timings within
@@ -31,7 +35,7 @@ import time
 from typing import Any
 
 from . import _payloads as P
-from ._context import Context, FakeChoice, fresh_torch_cache
+from ._context import Context, DescribedChoice, fresh_torch_cache
 from ._report import Row, SectionResult
 from ._stats import interleaved, seconds_to, summarize, time_ops
 
@@ -48,8 +52,8 @@ _REPS = {1_000: (200, 60), 10_000: (100, 30), 100_000: (30, 8)}
 _QUICK_REPS = {1_000: (60, 20), 10_000: (30, 8)}
 
 
-def _choices(pair: int) -> list[FakeChoice]:
-    return [FakeChoice(h) for h in P.choice_hashes(pair)]
+def _choices(pair: int) -> list[DescribedChoice]:
+    return [DescribedChoice(h) for h in P.choice_hashes(pair)]
 
 
 def run(ctx: Context) -> SectionResult:
@@ -130,7 +134,7 @@ def run(ctx: Context) -> SectionResult:
             consecutive = time_ops(record_cachedb, range(n_record + 3, 2 * n_record + 3))
 
             ctx.log(f"timings {label}: the same PersistentCache calls inside cachedb.installed")
-            with cachedb.installed(db_path):
+            with cachedb.installed(db_path) as store:
                 live_lookup = time_ops(lookup_files, range(2))  # warm-up: the first opens the DB
                 live_lookup = time_ops(lookup_files, range(2, n_lookup + 2))
 
@@ -141,6 +145,8 @@ def run(ctx: Context) -> SectionResult:
 
                 record_live(10_000)
                 live_record = time_ops(record_live, range(n_record))
+                store.flush()  # the descriptions the write-behind thread still holds
+                described = dict(getattr(PersistentCache.lookup, "choice_log").counts)
             db.close()
 
         ms = "ms"
@@ -175,6 +181,7 @@ def run(ctx: Context) -> SectionResult:
             "record_cachedb_median_ms": rows[2].cachedb.median if rows[2].cachedb else None,
             "record_live_median_ms": rows[3].cachedb.median if rows[3].cachedb else None,
             "record_cachedb_consecutive_median_ms": statistics.median(consecutive) * 1e3,
+            "choices_described": described,
         }
 
     # Is record flat in N? The live record (what torch calls) at the largest size against the
@@ -209,6 +216,12 @@ def run(ctx: Context) -> SectionResult:
         "`cachedb.installed(db)`; the difference between a live row and the repository row above it is "
         "the live backend's own work (what `CacheBase.get_local_cache` / `update_local_cache` are "
         "replaced with) on top of the repository query."
+    )
+    res.notes.append(
+        "Live rows describe every choice they hand torch (name, description, info_dict(): "
+        "cachedb/live/_choices.py), written once per hash on the write-behind thread: "
+        + ", ".join(f"{k}: {v['choices_described'].get('written', 0)} descriptions written, "
+                    f"{v['choices_described'].get('known', 0)} found stored" for k, v in by.items())
     )
     res.notes.append(
         "JSON document and DB sizes per stored count: "

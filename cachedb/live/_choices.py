@@ -22,11 +22,15 @@ op's tile shape and schedules) into a row of ``autotune_choices``
 - **Once per choice hash per process**: a set of the hashes this process described (or found
   it cannot: an object without a ``name``); a lookup whose choices are all in it costs a
   ``hash_key()`` and a set lookup per choice, nothing more.
-- **Off the compiling thread**: the rows are written by the live store's write-behind thread
-  (:mod:`cachedb.live._writer`; written before the lookup returns where there is none, or in
-  a compile worker): one indexed read of which hashes the database has, and one transaction
-  adding the others (a description stored stays: a hash names one kernel), then the rows go to
-  the remote tier, if any (:func:`cachedb.fleet.tier_sync.choices`).
+- **With the timings, or off the compiling thread**: the descriptions of a lookup that records
+  timings are added in the timings' own transaction (``LiveStore.hold_choices``: no write of
+  their own). Those of a lookup that records nothing (a hit: timings imported from files, or
+  written by a process that described nothing) are written by the live store's write-behind
+  thread (:mod:`cachedb.live._writer`; before the lookup returns where there is none, or in a
+  compile worker): one indexed read of which hashes the database has, one transaction adding
+  the others. A description stored stays (a hash names one kernel). Either way the rows reach
+  the remote tier, if any: with the timings' entry, or as their own
+  (:func:`cachedb.fleet.tier_sync.choices`).
 - **Never breaks a compile**: a choice torch cannot describe is stored with what it gives
   (``info_dict()`` failing: ``{}``); any other failure is one warning per process
   (``LiveStore.warn_once``) and the tuning goes on as torch's own. Nothing is unpickled.
@@ -49,6 +53,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..fleet import tier_sync as sync
 from ..repositories import choices as choices_repo
+
+from ._store import HeldChoices
 
 if TYPE_CHECKING:
     from ._store import LiveStore
@@ -106,24 +112,36 @@ class ChoiceLog:
         self.seen: set[str] = set()
         self.counts: Counter[str] = Counter()
 
-    def record(self, choices: Iterable[Any]) -> None:
-        """Describe the choices whose hash this process has not seen, and have the rows
-        written (:meth:`write`, on the write-behind thread where there is one). Never raises:
-        a failure is one warning per process."""
-        store = self.store
-        if store.closed:
-            return
+    def describe(self, choices: Iterable[Any]) -> list[dict[str, Any]]:
+        """The rows of the choices whose hash this process has not seen (each hash is then
+        seen). Never raises: a failure is one warning per process, and no rows."""
+        if self.store.closed:
+            return []
         try:
-            rows = self._new_rows(choices)
+            return self._new_rows(choices)
         except Exception as exc:  # the tuning goes on as torch's own
-            store.warn_once("describing autotune choices", exc)
+            self.store.warn_once("describing autotune choices", exc)
+            return []
+
+    def finish(self, held: HeldChoices) -> None:
+        """After the lookup that described ``held``: count what its timings' transaction
+        stored, and have the rest written (:meth:`write`, on the write-behind thread where
+        there is one). Never raises."""
+        self.counts["written"] += held.added
+        rows = held.rows
+        if not rows or self.store.closed:
             return
-        if not rows:
-            return
-        writer = store.writer
+        writer = self.store.writer
         job = functools.partial(self.write, rows)
         if writer is None or not writer.submit(_WRITER_KEY, sum(len(r["info_json"]) for r in rows), job):
             job()
+
+    def record(self, choices: Iterable[Any]) -> None:
+        """Describe the choices whose hash this process has not seen and have them written
+        (:meth:`describe`, then :meth:`finish`). Never raises."""
+        rows = self.describe(choices)
+        if rows:
+            self.finish(HeldChoices(rows))
 
     def _new_rows(self, choices: Iterable[Any]) -> list[dict[str, Any]]:
         rows = []
@@ -194,22 +212,28 @@ def patches(store: LiveStore, codecache: Any) -> list[tuple[Any, str, Callable[.
     original, takes_hint = _checked_lookup(cache)
     described = ChoiceLog(store)
 
+    def described_lookup(call: Callable[[], Any], choices: list[Any]) -> Any:
+        rows = described.describe(choices)
+        if not rows:  # every choice seen in this process: torch's lookup alone
+            return call()
+        with store.hold_choices(HeldChoices(rows)) as held:  # written with the timings it records
+            timings = call()
+        described.finish(held)
+        return timings
+
     if takes_hint:
         def lookup(self: Any, choices: list[Any], op: str, inputs: str, benchmark: Any,
                    hint_override: int | None = None) -> Any:
-            """``PersistentCache.lookup`` (torch/_inductor/codecache.py), then the choices
-            described (:class:`ChoiceLog`)."""
-            timings = original(self, choices=choices, op=op, inputs=inputs, benchmark=benchmark,
-                               hint_override=hint_override)
-            described.record(choices)
-            return timings
+            """``PersistentCache.lookup`` (torch/_inductor/codecache.py), the choices described
+            (:class:`ChoiceLog`) and written with the timings it records, else after it."""
+            return described_lookup(lambda: original(self, choices=choices, op=op, inputs=inputs, benchmark=benchmark,
+                                                     hint_override=hint_override), choices)
     else:
         def lookup(self: Any, choices: list[Any], op: str, inputs: str, benchmark: Any) -> Any:  # type: ignore[misc]
-            """``PersistentCache.lookup`` (torch/_inductor/codecache.py), then the choices
-            described (:class:`ChoiceLog`)."""
-            timings = original(self, choices=choices, op=op, inputs=inputs, benchmark=benchmark)
-            described.record(choices)
-            return timings
+            """``PersistentCache.lookup`` (torch/_inductor/codecache.py), the choices described
+            (:class:`ChoiceLog`) and written with the timings it records, else after it."""
+            return described_lookup(lambda: original(self, choices=choices, op=op, inputs=inputs, benchmark=benchmark),
+                                    choices)
 
     lookup.__wrapped__ = original  # type: ignore[attr-defined]
     lookup.choice_log = described  # type: ignore[attr-defined]

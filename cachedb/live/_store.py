@@ -8,7 +8,9 @@ failure per process, and answers as a miss (reads) or drops the write.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import copy
+import dataclasses
 import datetime as dt
 import itertools
 import logging
@@ -87,6 +89,9 @@ class LiveStore:
         self.best_configs = BestConfigCopy()
         #: the checksum this process last stored per (kind, key) of Dynamo's caches
         self._dynamo_written: dict[tuple[str, str], str] = {}
+        #: per thread: the choice descriptions of the ``PersistentCache.lookup`` running on it
+        #: (:meth:`hold_choices`), written with the timings it records
+        self._held_choices = threading.local()
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -537,6 +542,8 @@ class LiveStore:
                 groups.setdefault((t.op, t.inputs, t.hint_override, t.precision), {})[t.choice_hash] = t.timing_ms
             db = self.db
             known = self._known_fingerprint_id()
+            held: HeldChoices | None = getattr(self._held_choices, "value", None)
+            described = held.rows if held is not None and timings else []
             with db.write() as repos:
                 fp_id = known if known is not None else self._fingerprint_id(repos)
                 for (op, inputs, hint, precision), per_choice in groups.items():
@@ -546,6 +553,9 @@ class LiveStore:
                     repos.local_values.add_leaves(
                         fp_id, [doc.ValueLeaf(v.key_path, v.value, start + i) for i, v in enumerate(values)]
                     )
+                added = self._put_choices(repos, described) if described else 0
+            if held is not None and described:
+                held.rows, held.added = [], held.added + added
             if self.remote is not None and self._fingerprint is not None:
                 system_hash = self._fingerprint[2]
                 self.push(
@@ -554,6 +564,30 @@ class LiveStore:
                 )
 
         self.safely("autotune/LocalCache write", None, write)
+
+    def _put_choices(self, repos: Repos, rows: list[dict[str, Any]]) -> int:
+        """The descriptions of ``rows`` not stored yet, added in a SAVEPOINT of the timings'
+        transaction: a refusal (warned about once) leaves the timings to commit."""
+        try:
+            with repos.savepoint():
+                return repos.choices.put_new(rows)
+        except Exception as exc:  # the timings are written all the same
+            self.warn_once("autotune choice write", exc)
+            return 0
+
+    @contextlib.contextmanager
+    def hold_choices(self, held: HeldChoices) -> Iterator[HeldChoices]:
+        """For the ``with`` block on this thread (a ``PersistentCache.lookup``,
+        :mod:`cachedb.live._choices`): the timings it records are written in one transaction
+        with the descriptions of ``held.rows`` (those not stored yet), which then leave
+        ``held.rows`` (counted in ``held.added``); rows still there after the block were not
+        written (a lookup that recorded nothing)."""
+        outer = getattr(self._held_choices, "value", None)
+        self._held_choices.value = held
+        try:
+            yield held
+        finally:
+            self._held_choices.value = outer
 
     # -- best configs ------------------------------------------------------------------------
 
@@ -702,6 +736,16 @@ class LiveStore:
         if found is None and self.pull(sync.cutlass(request_key)):
             found = self.safely("CUTLASS op list lookup", None, read)
         return found
+
+
+@dataclasses.dataclass
+class HeldChoices:
+    """Choice descriptions (``autotune_choices`` rows) waiting for the timings of the lookup
+    that described them (:meth:`LiveStore.hold_choices`): ``rows`` not written yet, ``added``
+    rows the timings' transaction stored."""
+
+    rows: list[dict[str, Any]]
+    added: int = 0
 
 
 class _LazyDict(dict):  # type: ignore[type-arg]

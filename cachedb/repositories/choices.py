@@ -11,12 +11,14 @@ of the same choice describes it.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import bindparam, func, select
 
+from ..store import prebuilt
 from ..store.bulk import bulk_insert, dialect_insert
 from ..store.engine import connection_of
 from ..store import tables
@@ -102,12 +104,14 @@ def rows_for(conn: Session | Connection, hashes: Iterable[str]) -> list[dict[str
 
 def insert_missing(conn: Session | Connection, rows: Sequence[Mapping[str, Any]]) -> int:
     """Insert the rows whose hash has none yet (a stored description stays: a hash names one
-    kernel), each hash once; inside the caller's transaction. On SQLite and PostgreSQL with
-    ``ON CONFLICT DO NOTHING``, so a row another writer added since the read is left as it is.
-    Returns the rows added."""
+    kernel), each hash once; inside the caller's transaction. On SQLite and PostgreSQL one
+    ``INSERT ... ON CONFLICT DO NOTHING`` per 500 rows (no read: the caller's write transaction
+    holds the lock already); elsewhere the stored hashes are read first. Returns the rows
+    added."""
     if not rows:
         return 0
-    have = stored(conn, (r["choice_hash"] for r in rows))
+    make = dialect_insert(connection_of(conn).dialect.name)
+    have = stored(conn, (r["choice_hash"] for r in rows)) if make is None else set()  # else: ON CONFLICT
     new: dict[str, dict[str, Any]] = {}
     for r in rows:
         if r["choice_hash"] not in have and r["choice_hash"] not in new:
@@ -116,20 +120,29 @@ def insert_missing(conn: Session | Connection, rows: Sequence[Mapping[str, Any]]
                 new[r["choice_hash"]]["created_at"] = utcnow()
     if not new:
         return 0
-    make = dialect_insert(connection_of(conn).dialect.name)
     values = list(new.values())
     if make is None:
         bulk_insert(conn, _C, values)  # type: ignore[arg-type]
         return len(values)
     added = 0
-    stmt = make(_C).on_conflict_do_nothing(index_elements=[_C.c.choice_hash])
-    counted = connection_of(conn).dialect.name == "sqlite"  # sqlite3's executemany counts its rows
-    if not counted:  # psycopg's does not: RETURNING the rows added
-        stmt = stmt.returning(_C.c.choice_hash)
+    dialect = connection_of(conn).dialect.name
     for start in range(0, len(values), _PER_QUERY):
-        result = conn.execute(stmt, values[start:start + _PER_QUERY])
-        added += max(int(result.rowcount), 0) if counted else len(result.all())
+        chunk = values[start:start + _PER_QUERY]
+        if dialect == "sqlite":  # on the driver; sqlite3's executemany counts the rows it added
+            added += max(prebuilt.execute_many(conn, _insert_new(dialect), chunk), 0)
+        else:  # psycopg's rowcount of an executemany is not that: RETURNING the rows added
+            added += len(conn.execute(_insert_new(dialect).returning(_C.c.choice_hash), chunk).all())
     return added
+
+
+@functools.cache
+def _insert_new(dialect: str) -> Any:
+    """``INSERT ... ON CONFLICT (choice_hash) DO NOTHING`` of a row (:data:`COLUMNS`) for
+    ``dialect`` (``sqlite`` or ``postgresql``), built once."""
+    make = dialect_insert(dialect)
+    assert make is not None
+    return make(_C).values({c: bindparam(c) for c in COLUMNS}).on_conflict_do_nothing(
+        index_elements=[_C.c.choice_hash])
 
 
 class ChoiceRepository:
