@@ -136,13 +136,6 @@ class ChoiceLog:
         if writer is None or not writer.submit(_WRITER_KEY, sum(len(r["info_json"]) for r in rows), job):
             job()
 
-    def record(self, choices: Iterable[Any]) -> None:
-        """Describe the choices whose hash this process has not seen and have them written
-        (:meth:`describe`, then :meth:`finish`). Never raises."""
-        rows = self.describe(choices)
-        if rows:
-            self.finish(HeldChoices(rows))
-
     def _new_rows(self, choices: Iterable[Any]) -> list[dict[str, Any]]:
         rows = []
         seen = self.seen
