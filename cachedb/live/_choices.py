@@ -22,15 +22,16 @@ op's tile shape and schedules) into a row of ``autotune_choices``
 - **Once per choice hash per process**: a set of the hashes this process described (or found
   it cannot: an object without a ``name``); a lookup whose choices are all in it costs a
   ``hash_key()`` and a set lookup per choice, nothing more.
-- **With the timings, or off the compiling thread**: the descriptions of a lookup that records
-  timings are added in the timings' own transaction (``LiveStore.hold_choices``: no write of
-  their own). Those of a lookup that records nothing (a hit: timings imported from files, or
-  written by a process that described nothing) are written by the live store's write-behind
-  thread (:mod:`cachedb.live._writer`; before the lookup returns where there is none, or in a
-  compile worker): one indexed read of which hashes the database has, one transaction adding
-  the others. A description stored stays (a hash names one kernel). Either way the rows reach
-  the remote tier, if any: with the timings' entry, or as their own
-  (:func:`cachedb.fleet.tier_sync.choices`).
+- **With the timings, or read first**: the descriptions of a lookup that records timings are
+  made as the timings are written and added in their own transaction
+  (``LiveStore.hold_choices``: no write of their own). A lookup that records nothing (a hit)
+  reads which of its new hashes are described (one indexed query on the kept connection):
+  a warm start from a database its tuning filled describes nothing and writes nothing. Only
+  the others (timings imported from files, or tuned by a process without this seam) are
+  described and written, by the live store's write-behind thread (:mod:`cachedb.live._writer`;
+  before the lookup returns where there is none, or in a compile worker), once per database.
+  A description stored stays (a hash names one kernel). Either way the rows reach the remote
+  tier, if any: with the timings' entry, or as their own (:func:`cachedb.fleet.tier_sync.choices`).
 - **Never breaks a compile**: a choice torch cannot describe is stored with what it gives
   (``info_dict()`` failing: ``{}``); any other failure is one warning per process
   (``LiveStore.warn_once``) and the tuning goes on as torch's own. Nothing is unpickled.
@@ -103,8 +104,8 @@ class ChoiceLog:
     """The choices one live store has described in this process, and their writes.
 
     ``counts`` (a :class:`~collections.Counter`): ``described`` (rows made), ``undescribed``
-    (objects without a name), ``written`` (rows the database did not have), ``known`` (rows
-    it had already)."""
+    (objects without a name), ``written`` (rows the database did not have), ``known`` (hashes
+    a hit found described already)."""
 
     def __init__(self, store: LiveStore) -> None:
         self.store = store
@@ -112,65 +113,88 @@ class ChoiceLog:
         self.seen: set[str] = set()
         self.counts: Counter[str] = Counter()
 
-    def describe(self, choices: Iterable[Any]) -> list[dict[str, Any]]:
-        """The rows of the choices whose hash this process has not seen (each hash is then
-        seen). Never raises: a failure is one warning per process, and no rows."""
+    def unseen(self, choices: Iterable[Any]) -> list[tuple[str, Any]]:
+        """``(hash, choice)`` of the choices whose hash this process has not seen (a
+        ``hash_key()`` and a set lookup per choice). Never raises: a failure is one warning
+        per process, and none."""
         if self.store.closed:
             return []
         try:
-            return self._new_rows(choices)
+            seen = self.seen
+            fresh: dict[str, Any] = {}
+            for choice in choices:
+                choice_hash = choice.hash_key()
+                if choice_hash not in seen:
+                    fresh.setdefault(choice_hash, choice)
+            return list(fresh.items())
         except Exception as exc:  # the tuning goes on as torch's own
             self.store.warn_once("describing autotune choices", exc)
             return []
 
-    def finish(self, held: HeldChoices) -> None:
-        """After the lookup that described ``held``: count what its timings' transaction
-        stored, and have the rest written (:meth:`write`, on the write-behind thread where
+    def describe(self, fresh: list[tuple[str, Any]]) -> list[dict[str, Any]]:
+        """The rows of ``fresh`` (:meth:`unseen`), whose hashes are then seen; an object
+        torch gives no name is left out (seen too). Never raises."""
+        rows = []
+        try:
+            for choice_hash, choice in fresh:
+                self.seen.add(choice_hash)
+                row = describe_choice(choice, choice_hash)
+                if row is None:
+                    self.counts["undescribed"] += 1
+                else:
+                    self.counts["described"] += 1
+                    rows.append(row)
+        except Exception as exc:
+            self.store.warn_once("describing autotune choices", exc)
+        return rows
+
+    def finish(self, held: HeldChoices, fresh: list[tuple[str, Any]]) -> None:
+        """After the lookup of the choices ``fresh`` (:meth:`unseen`): where its timings were
+        written, their transaction held the descriptions (counted); else (a hit) the stored
+        hashes among them are read (one indexed query on the kept connection) and only the
+        others are described and written (:meth:`write`, on the write-behind thread where
         there is one). Never raises."""
-        self.counts["written"] += held.added
-        rows = held.rows
-        if not rows or self.store.closed:
+        store = self.store
+        if held.written:
+            self.counts["written"] += held.added
             return
-        writer = self.store.writer
+        if store.closed:
+            return
+        hashes = [h for h, _ in fresh]
+
+        def read() -> set[str]:
+            db = store.db
+            stmt = choices_repo.stored_statement(db.engine.dialect.name)
+            if stmt is None:
+                with db.lookup() as repos:
+                    return repos.choices.stored(hashes)
+            return {h for (h,) in db.kept.fetch(stmt, choices_repo.stored_params(db.engine.dialect.name, hashes))}
+
+        have = store.safely("autotune choice lookup", None, read)
+        if have is None:  # the database cannot be read: nothing to add to it now
+            self.seen.update(hashes)
+            return
+        self.counts["known"] += len(have)
+        self.seen.update(have)
+        rows = self.describe([(h, c) for h, c in fresh if h not in have])
+        if not rows:
+            return
+        writer = store.writer
         job = functools.partial(self.write, rows)
         if writer is None or not writer.submit(_WRITER_KEY, sum(len(r["info_json"]) for r in rows), job):
             job()
 
-    def _new_rows(self, choices: Iterable[Any]) -> list[dict[str, Any]]:
-        rows = []
-        seen = self.seen
-        for choice in choices:
-            choice_hash = choice.hash_key()
-            if choice_hash in seen:
-                continue
-            seen.add(choice_hash)
-            row = describe_choice(choice, choice_hash)
-            if row is None:
-                self.counts["undescribed"] += 1
-                continue
-            self.counts["described"] += 1
-            rows.append(row)
-        return rows
-
     def write(self, rows: list[dict[str, Any]]) -> None:
-        """Store the ``rows`` whose hash the database lacks (one read; one write transaction
-        when any is missing), then queue them for the remote tier. Never raises."""
+        """Store the ``rows`` (those another writer has not added meanwhile) in one write
+        transaction, then queue them for the remote tier. Never raises."""
         store = self.store
 
         def write() -> list[str]:
-            db = store.db
-            hashes = [r["choice_hash"] for r in rows]
-            with db.lookup() as repos:
-                have = repos.choices.stored(hashes)
-            missing = [r for r in rows if r["choice_hash"] not in have]
-            self.counts["known"] += len(rows) - len(missing)
-            if not missing:
-                return []
-            with db.write() as repos:
-                added = repos.choices.put_new(missing)
+            with store.db.write() as repos:
+                added = repos.choices.put_new(rows)
             self.counts["written"] += added
             log.debug("cachedb: %d autotune choice(s) described", added)
-            return [r["choice_hash"] for r in missing]
+            return [r["choice_hash"] for r in rows]
 
         written = store.safely("autotune choice write", [], write)
         if written:
@@ -206,12 +230,13 @@ def patches(store: LiveStore, codecache: Any) -> list[tuple[Any, str, Callable[.
     described = ChoiceLog(store)
 
     def described_lookup(call: Callable[[], Any], choices: list[Any]) -> Any:
-        rows = described.describe(choices)
-        if not rows:  # every choice seen in this process: torch's lookup alone
+        fresh = described.unseen(choices)
+        if not fresh:  # every choice seen in this process: torch's lookup alone
             return call()
-        with store.hold_choices(HeldChoices(rows)) as held:  # written with the timings it records
+        held = HeldChoices(functools.partial(described.describe, fresh))
+        with store.hold_choices(held):  # described and written with the timings it records, if any
             timings = call()
-        described.finish(held)
+        described.finish(held, fresh)
         return timings
 
     if takes_hint:

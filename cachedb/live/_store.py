@@ -543,7 +543,7 @@ class LiveStore:
             db = self.db
             known = self._known_fingerprint_id()
             held: HeldChoices | None = getattr(self._held_choices, "value", None)
-            described = held.rows if held is not None and timings else []
+            described = held.describe() if held is not None and timings and not held.written else []
             with db.write() as repos:
                 fp_id = known if known is not None else self._fingerprint_id(repos)
                 for (op, inputs, hint, precision), per_choice in groups.items():
@@ -554,8 +554,8 @@ class LiveStore:
                         fp_id, [doc.ValueLeaf(v.key_path, v.value, start + i) for i, v in enumerate(values)]
                     )
                 added = self._put_choices(repos, described) if described else 0
-            if held is not None and described:
-                held.rows, held.added = [], held.added + added
+            if held is not None and timings:
+                held.written, held.added = True, held.added + added
             if self.remote is not None and self._fingerprint is not None:
                 system_hash = self._fingerprint[2]
                 self.push(
@@ -579,9 +579,9 @@ class LiveStore:
     def hold_choices(self, held: HeldChoices) -> Iterator[HeldChoices]:
         """For the ``with`` block on this thread (a ``PersistentCache.lookup``,
         :mod:`cachedb.live._choices`): the timings it records are written in one transaction
-        with the descriptions of ``held.rows`` (those not stored yet), which then leave
-        ``held.rows`` (counted in ``held.added``); rows still there after the block were not
-        written (a lookup that recorded nothing)."""
+        with the descriptions ``held.describe()`` makes (those not stored yet; counted in
+        ``held.added``, ``held.written`` set); a lookup that recorded nothing leaves
+        ``held.written`` false and describes nothing."""
         outer = getattr(self._held_choices, "value", None)
         self._held_choices.value = held
         try:
@@ -740,11 +740,13 @@ class LiveStore:
 
 @dataclasses.dataclass
 class HeldChoices:
-    """Choice descriptions (``autotune_choices`` rows) waiting for the timings of the lookup
-    that described them (:meth:`LiveStore.hold_choices`): ``rows`` not written yet, ``added``
-    rows the timings' transaction stored."""
+    """The choice descriptions (``autotune_choices`` rows) of a lookup, waiting for the
+    timings it records (:meth:`LiveStore.hold_choices`): ``describe()`` makes them when the
+    timings are written (never on a lookup that records nothing); ``written`` says they went
+    in the timings' transaction, ``added`` how many rows it stored."""
 
-    rows: list[dict[str, Any]]
+    describe: Callable[[], list[dict[str, Any]]]
+    written: bool = False
     added: int = 0
 
 

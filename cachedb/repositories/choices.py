@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import functools
 import json
+import sqlite3
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import bindparam, func, select
+from sqlalchemy import Text, bindparam, func, select
 
 from ..store import prebuilt
 from ..store.bulk import bulk_insert, dialect_insert
@@ -39,6 +40,28 @@ _PER_QUERY = 500
 #: The stored hashes among ``hashes`` (expanding). Binds: ``hashes``.
 STORED = select(_C.c.choice_hash).where(_C.c.choice_hash.in_(bindparam("hashes", expanding=True)))
 _ROWS = select(*(_C.c[c] for c in COLUMNS)).where(_C.c.choice_hash.in_(bindparam("hashes", expanding=True)))
+
+
+@functools.cache
+def stored_statement(dialect: str) -> Any:
+    """Hot path: the stored hashes among a list of them in one prebuilt statement of one bind
+    (:func:`stored_params`), for :meth:`cachedb.store.engine.KeptConnection.fetch`: on SQLite
+    ``choice_hash IN (SELECT value FROM json_each(:hashes))`` (SQLite >= 3.38, where JSON is
+    built in), on PostgreSQL ``choice_hash = ANY(:hashes)``; ``None`` elsewhere (use
+    :func:`stored`)."""
+    if dialect == "sqlite" and sqlite3.sqlite_version_info >= (3, 38):
+        each = func.json_each(bindparam("hashes", type_=Text)).table_valued("value")
+        return select(_C.c.choice_hash).where(_C.c.choice_hash.in_(select(each.c.value)))
+    if dialect == "postgresql":
+        from sqlalchemy.dialects.postgresql import ARRAY  # only here: PostgreSQL connections
+
+        return select(_C.c.choice_hash).where(_C.c.choice_hash == func.any(bindparam("hashes", type_=ARRAY(Text))))
+    return None
+
+
+def stored_params(dialect: str, hashes: Sequence[str]) -> dict[str, Any]:
+    """The bind of :func:`stored_statement` for ``hashes``."""
+    return {"hashes": json.dumps(list(hashes)) if dialect == "sqlite" else list(hashes)}
 
 
 def _int(value: Any) -> int | None:
