@@ -140,7 +140,7 @@ def run(ctx: Context) -> SectionResult:
                 time_ops(lookup_files, range(2))  # warm-up: the first opens the DB
                 first_lookup = time_ops(lookup_files, range(2, n_lookup + 2))
                 store.flush()
-                filled = dict(getattr(PersistentCache.lookup, "choice_log").counts)
+                filled = dict(getattr(PersistentCache.lookup, "choice_log_for")(store).counts)
             with cachedb.installed(db_path) as store:
                 live_lookup = time_ops(lookup_files, range(2))  # warm-up: the first opens the DB
                 live_lookup = time_ops(lookup_files, range(2, n_lookup + 2))
@@ -153,7 +153,7 @@ def run(ctx: Context) -> SectionResult:
                 record_live(10_000)
                 live_record = time_ops(record_live, range(n_record))
                 store.flush()  # the descriptions the write-behind thread still holds
-                described = dict(getattr(PersistentCache.lookup, "choice_log").counts)
+                described = dict(getattr(PersistentCache.lookup, "choice_log_for")(store).counts)
             db.close()
 
         ms = "ms"

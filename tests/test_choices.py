@@ -185,7 +185,7 @@ def test_persistent_cache_lookup_describes_each_choice_once(tmp_path: Path) -> N
     choices = _mm_choices()
     timings = {choices[0]: 0.52, choices[1]: 0.58}
     with cachedb.installed(path) as store:
-        log = PersistentCache.lookup.choice_log
+        log = PersistentCache.lookup.choice_log_for(store)
         got = PersistentCache().lookup(choices, "mm", MM_INPUTS, lambda cs: {c: timings[c] for c in cs})
         assert got == timings
         again = PersistentCache().lookup(_mm_choices(), "mm", MM_INPUTS, None)  # a hit: new objects, same hashes
@@ -198,7 +198,7 @@ def test_persistent_cache_lookup_describes_each_choice_once(tmp_path: Path) -> N
         ("triton_mm-cmodulea", "triton_mm_3", "Triton", "(128, 64, 128)", 3, 8),
         ("triton_mm-cmoduleb", "triton_mm_4", "Triton", "(64, 32, 128)", 4, 4)]
     with cachedb.installed(path) as store:
-        log = PersistentCache.lookup.choice_log
+        log = PersistentCache.lookup.choice_log_for(store)
         PersistentCache().lookup(_mm_choices(), "mm", MM_INPUTS, None)
         store.flush()
         assert (log.counts["described"], log.counts["written"], log.counts["known"]) == (0, 0, 2)
@@ -355,7 +355,7 @@ def test_descriptions_of_timings_written_before_reach_the_remote(tmp_path: Path,
         PersistentCache().lookup(_mm_choices(), "mm", inputs, lambda cs: {c: 0.5 for c in cs})
     b = tmp_path / "b.db"
     with cachedb.installed(b, remote=pg_url) as store:
-        log = PersistentCache.lookup.choice_log
+        log = PersistentCache.lookup.choice_log_for(store)
         assert len(PersistentCache().lookup(_mm_choices(), "mm", inputs, None)) == 2  # from the remote
         store.flush()
         assert (log.counts["known"], log.counts["written"]) == (2, 0)  # the pull brought the descriptions

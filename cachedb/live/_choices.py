@@ -48,6 +48,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import weakref
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -218,23 +219,38 @@ def _checked_lookup(cache: type) -> tuple[Callable[..., Any], bool]:
     return original, bool(names[len(PARAMETERS):])
 
 
-def patches(store: LiveStore, codecache: Any) -> list[tuple[Any, str, Callable[..., Any]]]:
+def patches(store: LiveStore | Callable[[], LiveStore | None],
+            codecache: Any) -> list[tuple[Any, str, Callable[..., Any]]]:
     """``(owner, attribute, replacement)``: ``PersistentCache.lookup`` of ``codecache`` (the
     imported ``torch._inductor.codecache``), which then describes the choices it was given
-    (:class:`ChoiceLog`) after torch's own lookup. Raises ``AttributeError`` naming what this
-    torch lacks or has otherwise."""
+    (:class:`ChoiceLog`, one per store) along with torch's own lookup. ``store``: the live
+    store, or a function giving the one that serves at each call (``None``: none does, torch's
+    lookup alone runs). The replacement's ``choice_log_for(store)`` gives a store's
+    :class:`ChoiceLog`. Raises ``AttributeError`` naming what this torch lacks or has
+    otherwise."""
     cache = getattr(codecache, "PersistentCache", None)
     if not isinstance(cache, type):
         raise AttributeError(f"{MODULE}.PersistentCache")
     original, takes_hint = _checked_lookup(cache)
-    described = ChoiceLog(store)
+    store_now: Callable[[], LiveStore | None] = store if callable(store) else (lambda: store)  # type: ignore[assignment]
+    logs: weakref.WeakKeyDictionary[LiveStore, ChoiceLog] = weakref.WeakKeyDictionary()
+
+    def choice_log_for(live: LiveStore) -> ChoiceLog:
+        found = logs.get(live)
+        if found is None:
+            found = logs.setdefault(live, ChoiceLog(live))
+        return found
 
     def described_lookup(call: Callable[[], Any], choices: list[Any]) -> Any:
+        live = store_now()
+        if live is None:  # no store serves now: torch's lookup on its files
+            return call()
+        described = choice_log_for(live)
         fresh = described.unseen(choices)
         if not fresh:  # every choice seen in this process: torch's lookup alone
             return call()
         held = HeldChoices(functools.partial(described.describe, fresh))
-        with store.hold_choices(held):  # described and written with the timings it records, if any
+        with live.hold_choices(held):  # described and written with the timings it records, if any
             timings = call()
         described.finish(held, fresh)
         return timings
@@ -254,5 +270,5 @@ def patches(store: LiveStore, codecache: Any) -> list[tuple[Any, str, Callable[.
                                     choices)
 
     lookup.__wrapped__ = original  # type: ignore[attr-defined]
-    lookup.choice_log = described  # type: ignore[attr-defined]
+    lookup.choice_log_for = choice_log_for  # type: ignore[attr-defined]
     return [(cache, "lookup", lookup)]
