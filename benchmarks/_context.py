@@ -78,6 +78,29 @@ class FakeChoice:
         return f"FakeChoice({self._hash!r})"
 
 
+class DescribedChoice(FakeChoice):
+    """A :class:`FakeChoice` that also says what torch's CPU choices say of themselves, which
+    cachedb stores once per hash (:mod:`cachedb.live._choices`): the ``name``, ``description``
+    and ``info_dict()`` of an ``ExternKernelCaller`` (a hash ``_linear_pointwise-...``,
+    torch/_inductor/select_algorithm.py) or of a C++ GEMM template's choice (a hash
+    ``CppMicroGemmFP32Vec-...``, codegen/cpp_template_kernel.py), as torch 2.13 gives them."""
+
+    __slots__ = ()
+
+    @property
+    def name(self) -> str:
+        kind = self._hash.split("-", 1)[0]
+        return kind if kind.startswith("_") else f"cpp_{kind}_0"
+
+    description = ""
+
+    def info_dict(self) -> dict[str, str]:
+        kind = self._hash.split("-", 1)[0]
+        if kind.startswith("_"):
+            return {"backend": "extern", "kernel_call_name": f"extern_kernels.{kind}"}
+        return {"backend": "CPP", "op_type": "unknown"}
+
+
 def built_real_cache(ctx: Context) -> Path:
     """A REAL Inductor cache directory built once per run by ``examples/build_cache.py`` in a
     child process (torch.compile of an MLP, dynamic shapes, forward+backward, a CPU

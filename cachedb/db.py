@@ -26,6 +26,7 @@ from .store.signing import Signer
 from .repositories import (
     AutotuneTimingRepository,
     BestConfigRepository,
+    ChoiceRepository,
     CutlassOpListRepository,
     DynamoRepository,
     FingerprintRepository,
@@ -128,6 +129,11 @@ class Repos:
     @property
     def timings(self) -> AutotuneTimingRepository:
         return AutotuneTimingRepository(self.bind)
+
+    @property
+    def choices(self) -> ChoiceRepository:
+        """What torch said of each autotune choice hash (:mod:`cachedb.repositories.choices`)."""
+        return ChoiceRepository(self.bind)
 
     @property
     def local_values(self) -> LocalCacheValueRepository:

@@ -35,6 +35,7 @@ from cachedb.fleet.copy import (
 )
 from cachedb.formats.cutlass_ops import parse_op_list
 from cachedb.layout.importer import Importer
+from cachedb.repositories.choices import describe
 from cachedb.store.models import AUTOTUNE_TIMINGS, Base
 from cachedb.repositories.timings import next_position
 
@@ -79,6 +80,10 @@ def fill(db: CacheDB, cache_dir: Path, *, tag: str = "a", quarantine: bool = Tru
         repos.local_values.add_leaves(fingerprint, [
             ValueLeaf(("pad_mm", f"shape-{tag}"), True, next_position(repos.session)),
             ValueLeaf(("pad_mm", "shared"), False, next_position(repos.session) + 1)])
+        # what a live tuning says of the real cache's GEMM choices (cachedb/live/_choices.py)
+        repos.choices.put_new([
+            describe(h, h.split("-", 1)[0], "", {"backend": "extern" if h.startswith("_") else "CPP"})
+            for h in repos.session.execute(text("SELECT DISTINCT choice_hash FROM autotune_timings")).scalars()])
         if quarantine:
             kind, key, variant = repos.session.execute(text(
                 "SELECT kind, key, variant FROM guarded_entries WHERE kind = 'fxgraph' ORDER BY key, variant")).first()

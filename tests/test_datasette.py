@@ -133,12 +133,17 @@ def test_datasette_serves_metadata_views_and_canned_queries(served: str) -> None
 
     per_op = _rows(f"{served}/winners_per_op", op="mm")
     assert {r["torch_version"] for r in per_op} == {"2.11.0", "2.13.0"} and all(r["op"] == "mm" for r in per_op)
+    named = {r["torch_version"]: r for r in per_op}
+    assert (named["2.11.0"]["winner"], named["2.11.0"]["backend"], named["2.11.0"]["num_warps"]) == ("triton_mm_3",
+                                                                                                    "Triton", 8)
+    assert named["2.11.0"]["runner_up_name"] is None  # the runner-up is a bare hash: no description stored
     assert len(_rows(f"{served}/winners_per_op", op="")) == len(winners)
 
     regressions = _rows(f"{served}/torch_regressions", old="2.11.0", new="2.13.0")
     assert len(regressions) == 1
     r = regressions[0]
     assert (r["old_winner"], r["new_winner"]) == ("triton_mm_128x128x64_w8_s3", "triton_mm_256x128x64_w8_s3")
+    assert (r["old_winner_name"], r["new_winner_name"]) == ("triton_mm_3", None)
     assert r["ratio"] == pytest.approx(0.55 * 0.97 / (0.52 * 1.01), abs=1e-3) and r["ratio"] > 1
     assert _rows(f"{served}/torch_regressions", old="2.13.0", new="2.11.0") == []
 

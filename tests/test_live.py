@@ -89,7 +89,11 @@ def test_compile_writes_only_to_the_db(warm_db: tuple[Path, dict, dict]) -> None
         variants = repos.session.execute(
             text("SELECT kind, count(*) FROM guarded_entries GROUP BY kind, key HAVING count(*) = 2")
         ).all()
+        # every choice the GEMM was tuned between is named, with its backend
+        choices = repos.session.execute(text("SELECT choice_name, backend FROM autotune_history")).all()
     db.close()
+    assert choices and all(name and backend for name, backend in choices), choices
+    assert {backend for _, backend in choices} == {"CPP", "extern"}
     assert kinds == {"fxgraph": 5, "aotautograd": 4}
     assert timings >= 2
     assert configs == [cold["workloads"]["best_config"]["best_config"]]

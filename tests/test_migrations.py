@@ -110,11 +110,25 @@ def test_head_revision_constant_matches_alembic() -> None:
     assert _migrate.HEAD_REVISION == _migrate.head_revision()
 
 
+#: The columns the timing views have had since revision 0001 (``autotune_timings`` since 0004).
+_REVISION_0001_COLUMNS = {
+    "autotune_timings": ("id", "fingerprint_id", "op", "inputs", "hint_override", "precision", "choice_hash",
+                         "timing_ms", "position", "recorded_at"),
+    "autotune_current": ("fingerprint_id", "op", "inputs", "hint_override", "precision", "choice_hash",
+                         "timing_ms", "recorded_at"),
+    "autotune_winners": ("fingerprint_id", "system_hash", "device_name", "torch_version", "cpu_model", "op",
+                         "inputs", "hint_override", "precision", "choice_hash", "timing_ms", "candidates",
+                         "recorded_at"),
+    "autotune_history": ("id", "op", "inputs", "hint_override", "precision", "choice_hash", "timing_ms",
+                         "recorded_at", "system_hash", "device_name", "cuda_version", "hip_version", "triton_key",
+                         "torch_version", "torch_key", "cpu_model", "isa"),
+}
+
+
 def _timing_state(db: CacheDB) -> dict[str, list[tuple]]:
-    """The flat timings (the columns every revision shows) and the tuning-history views, as
-    plain tuples (timestamps as text)."""
+    """The flat timings and the tuning-history views, the columns every revision shows (those
+    of revision 0001; 0011 adds the choices' after them), as plain tuples (timestamps as text)."""
     out = {}
-    flat = "id, fingerprint_id, op, inputs, hint_override, precision, choice_hash, timing_ms, position, recorded_at"
     with db.engine.connect() as conn:
         for name, order in (
             ("autotune_timings", "id"),
@@ -122,7 +136,7 @@ def _timing_state(db: CacheDB) -> dict[str, list[tuple]]:
             ("autotune_winners", "fingerprint_id, op, inputs, precision"),
             ("autotune_history", "id"),
         ):
-            columns = flat if name == "autotune_timings" else "*"
+            columns = ", ".join(_REVISION_0001_COLUMNS[name])
             rows = conn.execute(text(f"SELECT {columns} FROM {name} ORDER BY {order}")).all()
             out[name] = [tuple(str(v) if v is not None else None for v in row) for row in rows]
     return out
@@ -262,3 +276,40 @@ def _timing_rows(db: CacheDB) -> list[tuple]:
         return [tuple(r) for r in conn.execute(text(
             "SELECT op, inputs, precision, choice_hash, timing_ms FROM autotune_timings ORDER BY id"
         ))]
+
+
+def test_choice_descriptions_migration_up_and_down(db: CacheDB) -> None:
+    """0011 on SQLite and PostgreSQL: down at 0010 the timing views read as revision 0001 made
+    them (the same rows, no choice columns) and ``autotune_choices`` is gone; up again, the
+    views show the choices' columns, ``NULL`` until a choice is described."""
+    from cachedb.fingerprint import Fingerprint
+    from cachedb.repositories.choices import describe
+
+    mm = "[('cuda', 'torch.bfloat16', 64, 64, 64, 1, 0)]"
+    with db.transaction() as repos:
+        fp = repos.fingerprints.ensure(Fingerprint(system={"hash": "s" * 64, "device": {"name": "H200"}}))
+        repos.timings.record(fp, "mm", mm, "high", {"triton_mm-ca": 0.5, "mm-cb": 0.4})
+        repos.choices.put_new([describe("mm-cb", "mm", "", {"backend": "extern"})])
+    before = _timing_state(db)
+    with db.engine.connect() as conn:
+        assert conn.execute(text("SELECT choice_name, backend, runner_up_choice_hash FROM autotune_winners")).one() == (
+            "mm", "extern", "triton_mm-ca")
+
+    _migrate.downgrade(db.engine, "0010")
+    assert "autotune_choices" not in inspect(db.engine).get_table_names()
+    for view in ("autotune_current", "autotune_winners", "autotune_history"):
+        columns = [c["name"] for c in inspect(db.engine).get_columns(view)]
+        assert tuple(columns) == _REVISION_0001_COLUMNS[view], view
+    assert _timing_state(db) == before
+
+    assert db.upgrade() is True
+    assert _diff(db) == [] and _timing_state(db) == before
+    with db.engine.connect() as conn:
+        columns = [c["name"] for c in inspect(db.engine).get_columns("autotune_history")]
+        assert columns[len(_REVISION_0001_COLUMNS["autotune_history"]):] == [
+            "choice_name", "backend", "description", "kernel_name", "tile_shape", "num_stages", "num_warps", "group_m"]
+        assert conn.execute(text("SELECT choice_name FROM autotune_winners")).scalar_one() is None
+    with db.transaction() as repos:
+        assert repos.choices.put_new([describe("mm-cb", "mm", "", {"backend": "extern"})]) == 1
+    with db.engine.connect() as conn:
+        assert conn.execute(text("SELECT choice_name FROM autotune_winners")).scalar_one() == "mm"

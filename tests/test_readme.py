@@ -81,3 +81,5 @@ def test_the_runnable_blocks_run_as_written(tmp_path: Path) -> None:
     assert (work / "cache.db").is_file() and (work / "saved.db").is_file()
     assert any((work / "exported").iterdir()) and any((work / "exported-api").iterdir())
     assert "linear" in joined  # the tuning history's queries returned the GEMM's rows
+    # ... naming its choices as torch does, with their backends
+    assert "cpp_CppMicroGemmFP32Vec" in joined and "_linear_pointwise" in joined and "extern" in joined

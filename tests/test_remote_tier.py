@@ -52,8 +52,17 @@ def _counts(location: str) -> dict[str, int]:
             return {
                 t: int(conn.execute(text(f"SELECT count(*) FROM {t}")).scalar_one())
                 for t in ("guarded_entries", "autotune_timings", "best_configs", "kernel_artifacts",
-                          "kernel_blobs", "local_cache_values", "system_fingerprints")
+                          "kernel_blobs", "local_cache_values", "system_fingerprints", "autotune_choices")
             }
+    finally:
+        db.close()
+
+
+def _rows_of(location: str, sql: str) -> list[tuple]:
+    db = CacheDB(location, upgrade=False)
+    try:
+        with db.engine.connect() as conn:
+            return [tuple(r) for r in conn.execute(text(sql))]
     finally:
         db.close()
 
@@ -114,8 +123,11 @@ def _machines_a_and_b(tmp_path: Path, pg_url: str, writer_url: str, reader_url: 
     remote = _counts(pg_url)
     local_a = _counts(str(tmp_path / "a.db"))
     # A's exit flushed everything it wrote to the remote
-    for table in ("guarded_entries", "autotune_timings", "best_configs", "kernel_artifacts"):
+    for table in ("guarded_entries", "autotune_timings", "best_configs", "kernel_artifacts", "autotune_choices"):
         assert remote[table] == local_a[table] > 0, table
+    # the choices' descriptions went with their timings, signed as they are
+    described = _rows_of(pg_url, "SELECT name, backend, ed25519_signature FROM autotune_choices")
+    assert all(name and backend and signature for name, backend, signature in described), described
 
     b, _ = _run_machine(tmp_path / "b.db", tmp_path / "b", reader_url, keys=consumer)
     c = b["counters"]
@@ -125,8 +137,13 @@ def _machines_a_and_b(tmp_path: Path, pg_url: str, writer_url: str, reader_url: 
     assert not any(k.startswith("benchmarking.") for k in c)
     assert b["workloads"]["best_config"]["read_before_save"] == {"kwargs": {"XBLOCK": 512}, "num_warps": 2}
     local_b = _counts(str(tmp_path / "b.db"))
-    for table in ("guarded_entries", "autotune_timings", "best_configs"):
+    for table in ("guarded_entries", "autotune_timings", "best_configs", "autotune_choices"):
         assert local_b[table] == remote[table], table
+    # B took them under A's key, and every timing it serves names its choice
+    origins = _rows_of(str(tmp_path / "b.db"), "SELECT DISTINCT origin FROM row_origins "
+                                               "WHERE table_name = 'autotune_choices'")
+    assert origins == [(f"key:{key.key_id}",)]
+    assert _rows_of(str(tmp_path / "b.db"), "SELECT COUNT(*) FROM autotune_history WHERE choice_name IS NULL") == [(0,)]
     assert local_b["kernel_artifacts"] > 0
 
     # B's local file now holds it all: with the remote gone, a third dir is as warm

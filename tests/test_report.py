@@ -23,6 +23,7 @@ from cachedb import CacheDB
 from cachedb.cli import main
 from cachedb.fingerprint import Fingerprint
 from cachedb.layout.importer import Importer
+from cachedb.repositories.choices import describe
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
@@ -32,6 +33,28 @@ MM_INPUTS = ("[('cuda', 'torch.bfloat16', 4096, 4096, 4096, 1, 0), "
 MM_CHOICES = {"mm": 0.61, "triton_mm_128x128x64_w8_s3": 0.52, "triton_mm_64x128x32_w4_s4": 0.58,
               "triton_mm_256x128x64_w8_s3": 0.55}
 H100 = {"name": "NVIDIA H100 80GB HBM3"}
+
+
+def _triton(block_m: int, block_n: int, block_k: int, stages: int, warps: int) -> tuple[str, dict]:
+    """A Triton mm template's description and ``info_dict()`` as torch 2.13 writes them
+    (``TritonTemplate.generate``, torch/_inductor/select_algorithm.py)."""
+    description = (f"ACC_TYPE='tl.float32', ALLOW_TF32=False, BLOCK_K={block_k}, BLOCK_M={block_m}, "
+                   f"BLOCK_N={block_n}, EVEN_K=True, GROUP_M=8, USE_FAST_ACCUM=False, num_stages={stages}, "
+                   f"num_warps={warps}")
+    info = {"backend": "Triton", "tile_shape": str((block_m, block_k, block_n)), "num_stages": stages,
+            "num_warps": warps, "GROUP_M": 8, "allow_tf32": "False", "acc_type": "tl.float32"}
+    return description, info
+
+
+#: What torch said of three of the four choices (the fourth stays a bare hash, as an
+#: imported timing is).
+MM_DESCRIBED = {
+    "mm": ("mm", "", {"backend": "extern", "kernel_call_name": "extern_kernels.mm"}),
+    "triton_mm_128x128x64_w8_s3": ("triton_mm_3", *_triton(128, 128, 64, 3, 8)),
+    "triton_mm_64x128x32_w4_s4": ("triton_mm_7", *_triton(64, 128, 32, 4, 4)),
+}
+#: The label the report gives the 2.11 winner.
+WINNER_LABEL = "triton_mm_3 · BLOCK_M=128 BLOCK_N=128 BLOCK_K=64 GROUP_M=8 stages=3 warps=8"
 
 
 def fill_report_db(cache_dir: Path, path: Path) -> dict[str, int]:
@@ -50,6 +73,8 @@ def fill_report_db(cache_dir: Path, path: Path) -> dict[str, int]:
                 system={"device": H100, "version": {"triton": "triton-3.7", "cuda": "13.0"}, "hash": "b" * 64},
                 torch_version="2.13.0"))
             repos.timings.record(old, "mm", MM_INPUTS, "high", MM_CHOICES)
+            repos.choices.put_new([describe(h, name, description, info)
+                                   for h, (name, description, info) in MM_DESCRIBED.items()])
             # under 2.13 the old winner got slower (a regression), the others a bit faster
             repos.timings.record(new, "mm", MM_INPUTS, "high",
                                  {c: ms * (1.2 if c == "triton_mm_128x128x64_w8_s3" else 0.97)
@@ -97,6 +122,24 @@ def test_collect_reads_every_section(report_db: Path) -> None:
     assert by_torch["torch 2.11.0"]["winner"] == "triton_mm_128x128x64_w8_s3"
     assert by_torch["torch 2.13.0"]["winner"] == "triton_mm_256x128x64_w8_s3"
     assert by_torch["torch 2.11.0"]["candidates"] == 4
+    # named by name and config; the undescribed choice by its hash
+    assert by_torch["torch 2.11.0"]["winner_label"] == WINNER_LABEL
+    assert by_torch["torch 2.11.0"]["backend"] == "Triton"
+    assert by_torch["torch 2.11.0"]["runner_up_label"] == "triton_mm_256x128x64_w8_s3"
+    assert by_torch["torch 2.13.0"]["winner_label"] == "triton_mm_256x128x64_w8_s3"
+    assert by_torch["torch 2.13.0"]["runner_up_label"].startswith("triton_mm_7 · BLOCK_M=64 BLOCK_N=128 BLOCK_K=32")
+    # every series with its torch version: the two GPU ones and the imported CPU cache's
+    versions = {r["torch_version"] for r in data.series}
+    assert {"2.11.0", "2.13.0"} <= versions and len(data.series) == 3
+    # one op and shape on both GPU series side by side, one row per choice
+    (group,) = {w["group"] for w in mm}
+    series, rows = data.side_by_side(group)
+    assert len(series) == 2 and len(rows) == 4
+    winner_row = next(r for r in rows if r["label"] == WINNER_LABEL)
+    assert set(winner_row["ms"]) == set(series) and len(winner_row["won"]) == 1
+    assert "torch 2.11.0" in next(iter(winner_row["won"]))
+    extern = next(r for r in rows if r["label"] == "mm")
+    assert extern["backend"] == "extern" and not extern["won"]
     assert mm[0]["shape"] == "bf16[4096,4096] × bf16[4096,4096]"
     # the real cache's own CPU autotuning is there too, winner = the fastest current choice
     real = [w for w in data.winners if w["op"] != "mm"]
@@ -109,11 +152,13 @@ def test_collect_reads_every_section(report_db: Path) -> None:
 
 
 def test_text_report(report_db: Path) -> None:
-    result = CliRunner().invoke(main, ["report", "--db", str(report_db), "--format", "text"])
+    result = CliRunner().invoke(main, ["report", "--db", str(report_db), "--format", "text"],
+                                env={"COLUMNS": "220"})  # a terminal wide enough for a choice's hash
     assert result.exit_code == 0, result.output
     out = result.output
     for needle in ("Autotune winners", "triton_mm_128x128x64_w8_s3", "torch 2.13.0", "Best configs",
-                   "Cache contents", "Kernels", "Hits", "fxgraph"):
+                   "Cache contents", "Kernels", "Hits", "fxgraph", "Series", "2.11.0", "side by side",
+                   "triton_mm_3 · BLOCK_M=128", "extern"):
         assert needle in out, needle
 
 
@@ -217,6 +262,9 @@ def test_html_report_draws_its_charts_offline(report_db: Path, tmp_path: Path) -
     # the marks themselves: bar paths and scatter points inside the plots
     assert len(re.findall(r'<g class="point">\s*<path d="M[^"]+"', dom)) >= 8
     assert "triton_mm_128x128x64_w8_s3" in dom and "★" in dom
+    assert WINNER_LABEL in dom  # the choice by name and config, its hash on hover
+    assert f'title="triton_mm_128x128x64_w8_s3">{WINNER_LABEL}<' in dom
+    assert "Side by side" in dom and ">2.11.0<" in dom and ">2.13.0<" in dom
 
     shot = tmp_path / "report.png"
     shot_run = _chromium_run(out, tmp_path / "profile2", "--window-size=1400,2400", f"--screenshot={shot}")

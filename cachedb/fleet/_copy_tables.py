@@ -14,6 +14,7 @@ TABLES = (
     "kernel_artifacts",
     "guarded_entries",
     "autotune_timings",
+    "autotune_choices",
     "local_cache_values",
     "best_configs",
     "cutlass_op_lists",

@@ -316,6 +316,7 @@ class _Transfer:
             with self.dst.read() as repos:
                 self.position_offset = timings_repo.next_position(repos.session)
         self._timings()
+        self._keyed("autotune_choices", _natural("autotune_choices"), lambda v: v)
         self._newest_wins("local_cache_values", ("fingerprint_id", "key_path"), self._positioned,
                           lambda m, row: m["value_json"] == row.value_json, ("value_json", "updated_at"))
         self._newest_wins(
@@ -399,6 +400,7 @@ class _Transfer:
 #: superset of) the DST rows its natural keys could match: an index's leading columns (the
 #: small ``quarantined_entries`` has none).
 _NARROW = {
+    "autotune_choices": ("choice_hash",),
     "kernel_artifacts": ("kind", "host_key", "key"),
     "guarded_entries": ("kind", "key"),
     "quarantined_entries": ("kind", "key"),
@@ -406,6 +408,11 @@ _NARROW = {
 
 
 def _natural(table: str) -> Callable[[dict[str, Any]], tuple]:
-    """The natural key of a row whose timestamps are already UTC (:meth:`_Source.fill`)."""
-    return operator.itemgetter(*NATURAL_KEY_COLUMNS[table])
+    """The natural key of a row whose timestamps are already UTC (:meth:`_Source.fill`), a
+    tuple (of one value for a key of one column)."""
+    columns = NATURAL_KEY_COLUMNS[table]
+    if len(columns) == 1:
+        name = columns[0]
+        return lambda row: (row[name],)
+    return operator.itemgetter(*columns)
 

@@ -33,6 +33,7 @@ table                       natural key                                         
 ``guarded_entries``         ``(kind, key, variant)`` (variant = payload's hash)   DST's row is kept
 ``autotune_timings``        ``(fingerprint key, op, inputs, hint_override,        never the same row: every
                             precision, choice_hash, recorded_at)``                benchmark is history, kept
+``autotune_choices``        ``choice_hash`` (what torch said of the choice)       DST's row is kept
 ``local_cache_values``      ``(fingerprint key, key_path)``                       the newer ``updated_at`` wins
 ``best_configs``            ``key``                                               the newer ``updated_at`` wins
 ``cutlass_op_lists``        ``request_key`` (with its ``cutlass_ops``)            DST's list is kept

@@ -14,6 +14,8 @@ writes them into another in the caller's transaction, by the rules of ``cachedb 
   request key, timings by their whole benchmark, ``recorded_at`` included: history);
 - best configs, LocalCache values and Dynamo's caches (PGO profiles, ...): the newer
   ``updated_at`` wins;
+- timings carry the descriptions of the choices they name (``autotune_choices``, revision
+  0011: :attr:`Bundle.choices`), added where DST has none for a hash (a stored one stays);
 - fingerprints are unified by ``fingerprint_key``, kernel blobs by ``sha256`` (a blob DST has
   is never sent again: :func:`missing_blobs` asks first).
 
@@ -40,6 +42,7 @@ from ..store.bulk import utc as _utc
 from .._errors import CorruptPayloadError
 from ..store.payload import repacked_guarded
 from ..store.tables import AUTOTUNE_TIMINGS, DYNAMO_TABLES, NATURAL_KEY_COLUMNS, NEWEST_WINS_COMPARED, metadata
+from ..repositories import choices as choices_repo
 from ..repositories import timings as timings_repo
 from ..repositories.timings import next_position
 
@@ -60,6 +63,8 @@ KINDS = {
     "local_values": ("local_cache_values", ("system_hash", "namespace")),
     "best_config": ("best_configs", ("key",)),
     "cutlass": ("cutlass_op_lists", ("request_key",)),
+    # the descriptions of some choice hashes (one value: a tuple of hashes)
+    "choices": ("autotune_choices", ("choice_hash",)),
     "kernel": ("kernel_artifacts", ("kind", "host_key", "key")),
     # Dynamo's caches, by Mega-Cache type (cachedb.store.tables.DYNAMO_TABLES)
     **{kind: (table, ("key",)) for kind, table in DYNAMO_TABLES.items()},
@@ -108,6 +113,13 @@ def best_config(key: str) -> Entry:
     return Entry("best_config", (key,))
 
 
+def choices(hashes: Iterable[str]) -> Entry:
+    """The descriptions (``autotune_choices`` rows) of the choice ``hashes``: what a process
+    sends after describing choices whose timings were written before (a timings entry carries
+    its choices' own)."""
+    return Entry("choices", (tuple(sorted(set(hashes))),))
+
+
 def cutlass(request_key: str) -> Entry:
     """One CUTLASS op list with its ops."""
     return Entry("cutlass", (request_key,))
@@ -129,12 +141,14 @@ def kernel(kind: str, host_key: str, key: str) -> Entry:
 class Bundle:
     """The rows :func:`fetch` read: ``rows`` of the entry's table (ids dropped; ``fp`` holds
     the fingerprint's columns or ``None``; a kernel file's ``sha256`` instead of its blob id),
-    ``blobs`` by SHA-256 (kernel files), ``ops`` by request key (CUTLASS op lists)."""
+    ``blobs`` by SHA-256 (kernel files), ``ops`` by request key (CUTLASS op lists),
+    ``choices``: the ``autotune_choices`` rows of the choice hashes timings name (ids dropped)."""
 
     entry: Entry
     rows: list[dict[str, Any]] = field(default_factory=list)
     blobs: dict[str, dict[str, Any]] = field(default_factory=dict)
     ops: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    choices: list[dict[str, Any]] = field(default_factory=list)
 
     def __bool__(self) -> bool:
         return bool(self.rows)
@@ -157,6 +171,9 @@ def _statement(entry: Entry, with_blobs: bool) -> Select[Any]:
     stmt = select(*cols).select_from(source)
     for name, value in zip(columns, entry.values):
         column = _F.c[name] if name == "system_hash" else t.c[name]
+        if entry.kind == "choices":
+            stmt = stmt.where(column.in_(list(value)))
+            continue
         stmt = stmt.where(column.is_(None) if value is None else column == value)
     return stmt.order_by(t.c.id)
 
@@ -168,6 +185,9 @@ def fetch(conn: Connection, entry: Entry, *, with_blobs: bool = True) -> Bundle:
     bundle = Bundle(entry)
     for mapping in conn.execute(_statement(entry, with_blobs)).mappings():
         row = {k: v for k, v in mapping.items() if not k.startswith(("fp_", "blob_"))}
+        if entry.kind == "choices":
+            bundle.rows.append(row)
+            continue
         fp = {c: mapping[f"fp_{c}"] for c in _FP_COLUMNS} if "fp_fingerprint_key" in mapping else None
         row["fp"] = fp if fp is not None and fp["fingerprint_key"] is not None else None
         if entry.kind == "kernel":
@@ -175,6 +195,8 @@ def fetch(conn: Connection, entry: Entry, *, with_blobs: bool = True) -> Bundle:
             if with_blobs and sha not in bundle.blobs:
                 bundle.blobs[sha] = {c: (sha if c == "sha256" else mapping[f"blob_{c}"]) for c in _BLOB_COLUMNS}
         bundle.rows.append(row)
+    if entry.table == "autotune_timings" and bundle.rows:
+        bundle.choices = choices_repo.rows_for(conn, {r["choice_hash"] for r in bundle.rows})
     if entry.kind == "cutlass" and bundle.rows:
         lists = _T["cutlass_op_lists"]
         op_cols = [c for c in _OPS.c if c.name not in ("id", "op_list_id")]
@@ -210,6 +232,8 @@ def content_digest(bundle: Bundle) -> bytes:
         h.update(b"\x1d")
     for request_key, ops in sorted(bundle.ops.items()):
         h.update(repr((request_key, ops)).encode("utf-8", "surrogatepass"))
+    for row in bundle.choices:
+        h.update(repr(sorted((k, v) for k, v in row.items() if k not in _VOLATILE)).encode("utf-8", "surrogatepass"))
     return h.digest()
 
 
@@ -263,6 +287,11 @@ def _blob_ids(conn: Connection, bundle: Bundle) -> dict[str, int]:
     return ids
 
 
+def _utc_values(row: dict[str, Any]) -> dict[str, Any]:
+    """``row`` without what :func:`fetch` adds (``fp``), its timestamps aware UTC."""
+    return {k: _utc(v) if isinstance(v, dt.datetime) else v for k, v in row.items() if k != "fp"}
+
+
 def _natural(table: str, row: dict[str, Any]) -> tuple[Any, ...]:
     return tuple(_utc(row[c]) for c in NATURAL_KEY_COLUMNS[table])
 
@@ -277,6 +306,8 @@ def store(conn: Connection, bundle: Bundle) -> int:
     if not bundle.rows:
         return 0
     table = bundle.entry.table
+    if table == "autotune_choices":
+        return choices_repo.insert_missing(conn, [_utc_values(r) for r in bundle.rows])
     t = _T[table]
     fp_ids = _fingerprint_ids(conn, bundle.rows)
     required_fp = table in ("autotune_timings", "local_cache_values")
@@ -301,7 +332,8 @@ def store(conn: Connection, bundle: Bundle) -> int:
                 kept.append(values)
         rows = kept
     if table == "autotune_timings":
-        return _insert_timings(conn, rows)
+        added = _insert_timings(conn, rows)
+        return added + choices_repo.insert_missing(conn, [_utc_values(r) for r in bundle.choices])
     if table in NATURAL_KEY_COLUMNS:
         return _insert_new(conn, bundle.entry, table, rows)
     if table in NEWEST_WINS_COMPARED:
@@ -406,6 +438,7 @@ __all__ = [
     "Entry",
     "KINDS",
     "best_config",
+    "choices",
     "cutlass",
     "dynamo",
     "fetch",

@@ -2,7 +2,8 @@
 
 A compile cache hands its consumers code to run (FX graph and AOTAutograd pickles, Triton
 kernels, C++ libraries, Dynamo packages and profiles) and values that steer code generation
-(best configs, autotune timings, LocalCache values, CUTLASS op lists). Every row of those
+(best configs, autotune timings and the descriptions of their choices, LocalCache values,
+CUTLASS op lists). Every row of those
 tables (:data:`SIGNED_TABLES`) can carry a writer's Ed25519 signature, ``ed25519_signature``
 = ``<key id>:<base64>`` over :func:`row_message`: what identifies the row and a SHA-256 of
 what it holds.
@@ -64,6 +65,7 @@ SIGNED_TABLES: dict[str, tuple[str, ...]] = {
     "autotune_timings": ("fp", "op", "inputs", "hint_override", "precision", "choice_hash", "timing_ms",
                          "recorded_at"),
     "local_cache_values": ("fp", "key_path", "value_json"),
+    "autotune_choices": ("choice_hash", "name", "description", "info_json"),
 }
 
 #: A row's natural key per table, as ``row_origins.row_key`` holds it (a JSON array).
@@ -77,6 +79,7 @@ ROW_KEYS: dict[str, tuple[str, ...]] = {
     "cutlass_op_lists": ("request_key",),
     "autotune_timings": ("fp", "op", "inputs", "hint_override", "precision", "recorded_at", "choice_hash"),
     "local_cache_values": ("fp", "key_path"),
+    "autotune_choices": ("choice_hash",),
 }
 
 #: Tables whose rows carry a payload checked against its ``checksum`` at the boundary.
@@ -180,8 +183,9 @@ def sign_rows(table: str, rows: Iterable[dict[str, Any]], key: SigningKey) -> in
 
 
 def sign_bundle(bundle: Bundle, key: SigningKey) -> int:
-    """:func:`sign_rows` for the rows of one lookup (:class:`~cachedb.fleet.tier_sync.Bundle`)."""
-    return sign_rows(bundle.entry.table, bundle.rows, key)
+    """:func:`sign_rows` for the rows of one lookup (:class:`~cachedb.fleet.tier_sync.Bundle`),
+    the descriptions of the choices its timings name included."""
+    return sign_rows(bundle.entry.table, bundle.rows, key) + sign_rows("autotune_choices", bundle.choices, key)
 
 
 def _content_ok(table: str, row: dict[str, Any], blobs: dict[str, dict[str, Any]]) -> bool:
@@ -202,11 +206,14 @@ def _content_ok(table: str, row: dict[str, Any], blobs: dict[str, dict[str, Any]
 @dataclass
 class Screened:
     """What :func:`screen` let through: ``origins`` per kept row (``key:<id>`` or
-    :data:`ACCEPTED`), and how many rows were ``refused`` (first: ``first_refused``)."""
+    :data:`ACCEPTED`), ``choice_origins`` per kept row of a bundle's ``choices`` (the
+    descriptions its timings carry), and how many rows were ``refused`` (first:
+    ``first_refused``)."""
 
     origins: list[str] = field(default_factory=list)
     refused: int = 0
     first_refused: str | None = None
+    choice_origins: list[str] = field(default_factory=list)
 
 
 def screen_rows(table: str, rows: list[dict[str, Any]], policy: TrustPolicy,
@@ -238,6 +245,14 @@ def screen(bundle: Bundle, policy: TrustPolicy) -> Screened:
     table = bundle.entry.table
     kept, result = screen_rows(table, bundle.rows, policy, bundle.blobs)
     bundle.rows = kept
+    if bundle.choices:
+        held = {r["choice_hash"] for r in kept} if table == "autotune_timings" else set()
+        choices, described = screen_rows("autotune_choices", [c for c in bundle.choices if c["choice_hash"] in held],
+                                         policy)
+        bundle.choices = choices
+        result.choice_origins = described.origins
+        result.refused += described.refused
+        result.first_refused = result.first_refused or described.first_refused
     if table == "cutlass_op_lists":
         held = {r["request_key"] for r in kept}
         bundle.ops = {k: v for k, v in bundle.ops.items() if k in held}

@@ -389,6 +389,8 @@ class RemoteTier:
                 added = sync.store(repos.session, bundle)  # type: ignore[arg-type]
                 _trust.record_origins(repos.session, bundle.entry.table, bundle.rows,  # type: ignore[arg-type]
                                       screened.origins)
+                _trust.record_origins(repos.session, "autotune_choices", bundle.choices,  # type: ignore[arg-type]
+                                      screened.choice_origins)
             self.counts["pull_hit"] += 1
             self.counts["pulled_rows"] += added
             log.debug("cachedb: remote hit %s: %d row(s) into the local cache", entry, added)

@@ -13,6 +13,9 @@ seam (torch 2.9 to 2.15 unless said)                   served from
 where torch has it)                                     forward ran before it is saved
                                                         (:mod:`cachedb.live._bundled_aot`)
 ``CacheBase.get_local_cache`` / ``update_local_cache``   ``autotune_timings``, ``local_cache_values``
+``PersistentCache.lookup`` (the choices it is given)    ``autotune_choices``: each choice's name,
+                                                        description and ``info_dict()``, once
+                                                        per hash (:mod:`cachedb.live._choices`)
 ``LocalAutotuneCache.backend_override_cls``             ``best_configs``
 (runtime/autotune_cache.py)
 ``AutotuneCacheArtifact.populate_cache`` (Mega-Cache)    ``best_configs``
@@ -76,7 +79,7 @@ from typing import Any
 
 from .._errors import CacheDBError
 from ._autoload import spec_from_others
-from . import _bundled_aot, _pgo, _precompile, _scopes
+from . import _bundled_aot, _choices, _pgo, _precompile, _scopes
 from ._cpp_cache import wrap_build, wrap_precompile_header, wrap_worker_compile_cpp
 from ._scopes import route
 from ._store import LazyLocalCache, LiveStore
@@ -262,6 +265,14 @@ def _guarded_seams(store: LiveStore, cls: type, kind: str) -> list[_Patch]:
         _Patch(cls, "iterate_over_candidates", classmethod(iterate_over_candidates)),
         _Patch(cls, "clear", staticmethod(clear)),
     ]
+
+
+def _choices_seams(store: LiveStore) -> list[_Patch]:
+    try:
+        return [_Patch(owner, name, new) for owner, name, new in
+                _choices.patches(lambda: route(store), _require(CODECACHE))]
+    except AttributeError as exc:
+        raise SeamMissingError(f"torch seam missing: {exc}") from exc
 
 
 def _local_cache_seams(store: LiveStore) -> list[_Patch]:
@@ -599,7 +610,7 @@ def module_patches(name: str, store: LiveStore, *, retune: bool = False) -> list
     if a seam is missing or changed. ``retune``: keep torch's own re-tuning of stored winners."""
     if name == CODECACHE:
         return (_guarded_seams(store, _require(CODECACHE, "FxGraphCache"), "fxgraph")
-                + _local_cache_seams(store) + _worker_compile_cpp_seam())
+                + _local_cache_seams(store) + _choices_seams(store) + _worker_compile_cpp_seam())
     if name == AOT_CACHE:
         return (_guarded_seams(store, _require(AOT_CACHE, "AOTAutogradCache"), "aotautograd")
                 + [_Patch(owner, attr, new) for owner, attr, new in _bundled_aot.patches()])

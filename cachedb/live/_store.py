@@ -8,7 +8,9 @@ failure per process, and answers as a miss (reads) or drops the write.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import copy
+import dataclasses
 import datetime as dt
 import itertools
 import logging
@@ -116,6 +118,11 @@ class LiveStore:
         self._dynamo_written: dict[tuple[str, str], str] = {}
         #: its kernel-artifact side (``cachedb.live._artifacts.for_store`` makes it)
         self.kernel_artifacts: Any = None
+        #: its choice descriptions written or read (``cachedb.live._choices`` makes it)
+        self.choice_log: Any = None
+        #: per thread: the choice descriptions of the ``PersistentCache.lookup`` running on it
+        #: (:meth:`hold_choices`), written with the timings it records
+        self._held_choices = threading.local()
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -658,6 +665,8 @@ class LiveStore:
                 groups.setdefault((t.op, t.inputs, t.hint_override, t.precision), {})[t.choice_hash] = t.timing_ms
             db = self.db
             known = self._known_fingerprint_id()
+            held: HeldChoices | None = getattr(self._held_choices, "value", None)
+            described = held.describe() if held is not None and timings and not held.written else []
             with db.write() as repos:
                 fp_id = known if known is not None else self._fingerprint_id(repos)
                 for (op, inputs, hint, precision), per_choice in groups.items():
@@ -667,6 +676,9 @@ class LiveStore:
                     repos.local_values.add_leaves(
                         fp_id, [doc.ValueLeaf(v.key_path, v.value, start + i) for i, v in enumerate(values)]
                     )
+                added = self._put_choices(repos, described) if described else 0
+            if held is not None and timings:
+                held.written, held.added = True, held.added + added
             if self.remote is not None and self._fingerprint is not None:
                 system_hash = self._fingerprint[2]
                 self.push(
@@ -675,6 +687,30 @@ class LiveStore:
                 )
 
         self.safely("autotune/LocalCache write", None, write)
+
+    def _put_choices(self, repos: Repos, rows: list[dict[str, Any]]) -> int:
+        """The descriptions of ``rows`` not stored yet, added in a SAVEPOINT of the timings'
+        transaction: a refusal (warned about once) leaves the timings to commit."""
+        try:
+            with repos.savepoint():
+                return repos.choices.put_new(rows)
+        except Exception as exc:  # the timings are written all the same
+            self.warn_once("autotune choice write", exc)
+            return 0
+
+    @contextlib.contextmanager
+    def hold_choices(self, held: HeldChoices) -> Iterator[HeldChoices]:
+        """For the ``with`` block on this thread (a ``PersistentCache.lookup``,
+        :mod:`cachedb.live._choices`): the timings it records are written in one transaction
+        with the descriptions ``held.describe()`` makes (those not stored yet; counted in
+        ``held.added``, ``held.written`` set); a lookup that recorded nothing leaves
+        ``held.written`` false and describes nothing."""
+        outer = getattr(self._held_choices, "value", None)
+        self._held_choices.value = held
+        try:
+            yield held
+        finally:
+            self._held_choices.value = outer
 
     # -- best configs ------------------------------------------------------------------------
 
@@ -823,6 +859,18 @@ class LiveStore:
         if found is None and self.pull(sync.cutlass(request_key)):
             found = self.safely("CUTLASS op list lookup", None, read)
         return found
+
+
+@dataclasses.dataclass
+class HeldChoices:
+    """The choice descriptions (``autotune_choices`` rows) of a lookup, waiting for the
+    timings it records (:meth:`LiveStore.hold_choices`): ``describe()`` makes them when the
+    timings are written (never on a lookup that records nothing); ``written`` says they went
+    in the timings' transaction, ``added`` how many rows it stored."""
+
+    describe: Callable[[], list[dict[str, Any]]]
+    written: bool = False
+    added: int = 0
 
 
 class _LazyDict(dict):  # type: ignore[type-arg]

@@ -5,6 +5,7 @@ it, and never commits: the transaction belongs to the caller (:meth:`cachedb.Cac
 
 from .artifacts import KernelArtifactRepository, KernelFile
 from .best_configs import BestConfigRepository
+from .choices import ChoiceRepository
 from .cutlass import CutlassOpListRepository
 from .dynamo import DynamoRepository
 from .fingerprints import FingerprintRepository
@@ -15,6 +16,7 @@ from .timings import AutotuneTimingRepository
 __all__ = [
     "AutotuneTimingRepository",
     "BestConfigRepository",
+    "ChoiceRepository",
     "CutlassOpListRepository",
     "DynamoRepository",
     "FingerprintRepository",

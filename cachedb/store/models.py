@@ -19,6 +19,7 @@ from . import tables
 from .tables import (  # the schema's names, importable from here as before
     ARTIFACT_KINDS,
     AUTOTUNE_TIMINGS,
+    CHOICE_VIEW_COLUMNS,
     GUARDED_KINDS,
     NAMING_CONVENTION,
     NATURAL_KEY_COLUMNS,
@@ -28,9 +29,9 @@ from .tables import (  # the schema's names, importable from here as before
 )
 
 __all__ = [
-    "ARTIFACT_KINDS", "AUTOTUNE_TIMINGS", "GUARDED_KINDS", "NAMING_CONVENTION", "NATURAL_KEY_COLUMNS",
+    "ARTIFACT_KINDS", "AUTOTUNE_TIMINGS", "CHOICE_VIEW_COLUMNS", "GUARDED_KINDS", "NAMING_CONVENTION", "NATURAL_KEY_COLUMNS",
     "NEWEST_WINS_COMPARED", "VIEW_NAMES", "utcnow",
-    "Base", "SystemFingerprint", "GuardedEntry", "AutotuneKey", "AutotuneRun", "AutotuneTiming",
+    "Base", "SystemFingerprint", "GuardedEntry", "AutotuneKey", "AutotuneRun", "AutotuneTiming", "AutotuneChoice",
     "LocalCacheValue", "BestConfig", "QuarantinedEntry", "CutlassOpList", "CutlassOp", "KernelBlob",
     "KernelArtifact", "PgoProfile", "DynamoPackage", "PrecompileRefusal", "RowOrigin",
 ]
@@ -164,6 +165,49 @@ class AutotuneTiming(Base):
     ed25519_signature: Mapped[Optional[str]]
 
     run: Mapped[AutotuneRun] = relationship()
+
+
+class AutotuneChoice(Base):
+    """What torch says of one autotune choice, keyed by its choice hash (revision 0011).
+
+    ``choice_hash`` is ``ChoiceCaller.hash_key()`` (torch/_inductor/ir.py; for a Triton
+    template ``TritonTemplateCaller.hash_key``, torch/_inductor/select_algorithm.py: the
+    template's name and the generated module's cache key), the key under which
+    :class:`AutotuneTiming` rows hold its timings. ``name`` is ``ChoiceCaller.name`` as the
+    process that described the choice saw it (``triton_mm_12``, ``_mkl_linear``,
+    ``cpp_CppMicroGemmFP32Vec_0``: a template's trailing number counts the choices that process
+    made), ``description`` is ``ChoiceCaller.description`` (a Triton template's kwargs, e.g.
+    ``BLOCK_K=32, BLOCK_M=64, BLOCK_N=128, num_stages=3, num_warps=4``; ``""`` for extern and
+    C++ choices, as torch gives it) and ``info_json`` is ``info_dict()`` as JSON (keys sorted;
+    a value JSON cannot hold is written as its ``str``).
+
+    From ``info_dict()``, as torch gives them (``None`` where it does not): ``backend``
+    (``Triton``, ``extern``, ``CPP``, ``CUDA`` for CUTLASS, ``ROCm``, ``CuteDSL``,
+    ``subgraph``), ``kernel_name`` (its ``kernel_name``, else ``kernel_call_name``:
+    ``extern_kernels._mkl_linear``), ``tile_shape`` (the string torch writes: a Triton template's
+    ``(BLOCK_M, BLOCK_K, BLOCK_N)``, ``-1`` for a block the template has none of; a CUTLASS op's
+    tile description's ``[M, N, K]``), ``num_stages``, ``num_warps`` and ``group_m`` (Triton's
+    ``GROUP_M``, ``-1`` for none). ``created_at`` is when it was first described; one row per
+    hash, written once (the first description stays: a hash names one kernel).
+    ``ed25519_signature`` signs the hash, name, description and ``info_json``
+    (:mod:`cachedb.fleet.trust`), as the timings are signed.
+    """
+
+    __table__ = tables.autotune_choices
+
+    id: Mapped[int]
+    choice_hash: Mapped[str]
+    name: Mapped[str]
+    description: Mapped[Optional[str]]
+    backend: Mapped[Optional[str]]
+    kernel_name: Mapped[Optional[str]]
+    tile_shape: Mapped[Optional[str]]
+    num_stages: Mapped[Optional[int]]
+    num_warps: Mapped[Optional[int]]
+    group_m: Mapped[Optional[int]]
+    info_json: Mapped[str]
+    created_at: Mapped[dt.datetime]
+    ed25519_signature: Mapped[Optional[str]]
 
 
 class LocalCacheValue(Base):

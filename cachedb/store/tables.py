@@ -10,6 +10,8 @@ table                        Inductor artifact
 ``autotune_keys``            ``cache/<system hash>`` → ``cache[op][inputs][precision]``
 ``autotune_runs``            one benchmark of a key's choices (``recorded_at``)
 ``autotune_run_timings``     ``cache[op][inputs][precision][choice]`` = ms, per run
+``autotune_choices``         none: what torch says of each choice hash at tuning time (name,
+                             description, ``info_dict()``), revision 0011
 ``local_cache_values``       ``cache/<system hash>`` → any other ``LocalCache`` value
 ``best_configs``             ``<k[1:3]>/<name>.best_config``
 ``cutlass_op_lists``         ``configs_<request key>.json``
@@ -32,7 +34,8 @@ neither ``sqlalchemy.orm`` nor the mappers: ``import cachedb`` and the live seam
 module, not :mod:`cachedb.store.models` (~0.1 s less per compiling process on a 2-core VM).
 
 Views (created by the migrations, see :data:`VIEW_NAMES`): ``autotune_current``,
-``autotune_winners``, ``autotune_history`` (revision 0001), ``kernels`` (revision 0003),
+``autotune_winners``, ``autotune_history`` (revision 0001; each choice's name, backend,
+description and config beside its hash since revision 0011), ``kernels`` (revision 0003),
 ``autotune_timings`` (revision 0004: the timings flat, as the table of that name held them).
 
 Timestamps are timezone-aware UTC. Payload columns hold zstd frames; sizes are bytes of the
@@ -77,6 +80,7 @@ ARTIFACT_KINDS = ("triton", "cpp")
 #: Natural-key columns of the tables that ``cachedb copy`` / merge and the remote tier match by
 #: key rather than by a newest-wins row (:mod:`cachedb.fleet.copy`, :mod:`cachedb.fleet.tier_sync`).
 NATURAL_KEY_COLUMNS = {
+    "autotune_choices": ("choice_hash",),
     "kernel_artifacts": ("kind", "host_key", "key", "name"),
     "guarded_entries": ("kind", "key", "variant"),
     "quarantined_entries": ("kind", "key", "variant", "checksum", "quarantined_at"),
@@ -179,6 +183,32 @@ autotune_run_timings = Table(
     Column("position", BigInteger, nullable=False, index=True),
     Column("ed25519_signature", Text),
     Index("ix_autotune_run_timings_run_id", "run_id"),
+)
+
+#: What torch says of each autotune choice (revision 0011), keyed by the choice hash the timings
+#: name (``ChoiceCaller.hash_key()``): its ``name``, ``description`` and ``info_dict()``
+#: (torch/_inductor/ir.py ``ChoiceCaller``; torch/_inductor/select_algorithm.py
+#: ``TritonTemplateCaller.info_dict``, ``ExternKernelCaller.info_dict``), the whole
+#: ``info_dict()`` as JSON and its fields people filter by as columns. Written once per choice
+#: by the live path (:mod:`cachedb.live._choices`); a choice whose timings came from Inductor's
+#: files has no row (the views then show ``NULL``) until a live tuning describes it.
+autotune_choices = Table(
+    "autotune_choices",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("choice_hash", Text, nullable=False),
+    Column("name", Text, nullable=False),
+    Column("description", Text),
+    Column("backend", Text),
+    Column("kernel_name", Text),
+    Column("tile_shape", Text),
+    Column("num_stages", Integer),
+    Column("num_warps", Integer),
+    Column("group_m", Integer),
+    Column("info_json", Text, nullable=False),
+    _utc_timestamp("created_at"),
+    Column("ed25519_signature", Text),
+    UniqueConstraint("choice_hash", name="uq_autotune_choices_choice_hash"),
 )
 
 local_cache_values = Table(
@@ -367,14 +397,24 @@ row_origins = Table(
 
 
 #: Views created by the migrations. Every timing flat (0004_compact_timings.py):
-#: ``autotune_timings`` (:data:`AUTOTUNE_TIMINGS`). Tuning history (SQL in 0001_schema_v1.py,
-#: recreated unchanged by 0004):
+#: ``autotune_timings`` (:data:`AUTOTUNE_TIMINGS`). Tuning history (SQL in
+#: 0011_choice_descriptions.py; 0001's columns first, as they were):
 #: ``autotune_current`` (latest timing of each choice), ``autotune_winners`` (fastest current
-#: choice per op, inputs, precision and fingerprint, with the number of candidates) and
-#: ``autotune_history`` (every benchmark with its fingerprint: device, torch version, host).
+#: choice per op, inputs, precision and fingerprint, with the number of candidates and the
+#: runner-up) and ``autotune_history`` (every benchmark with its fingerprint: device, torch
+#: version, host); each row with its choice's name, backend, description and config
+#: (:data:`CHOICE_VIEW_COLUMNS`, ``NULL`` where :data:`autotune_choices` has no row).
 #: Kernels (0003_kernel_artifacts.py): ``kernels``, one row per kernel key with its files,
 #: bytes (uncompressed and stored), blobs shared with other keys, hits and last use.
 VIEW_NAMES = ("autotune_timings", "autotune_current", "autotune_winners", "autotune_history", "kernels")
+
+#: The columns of :data:`autotune_choices` the tuning-history views show beside each choice hash
+#: (revision 0011), as ``(view column, table column)``.
+CHOICE_VIEW_COLUMNS = (
+    ("choice_name", "name"), ("backend", "backend"), ("description", "description"),
+    ("kernel_name", "kernel_name"), ("tile_shape", "tile_shape"), ("num_stages", "num_stages"),
+    ("num_warps", "num_warps"), ("group_m", "group_m"),
+)
 
 #: The view ``autotune_timings`` (revision 0004, migrations/versions/0004_compact_timings.py):
 #: every timing flat, one row per ``autotune_run_timings`` row with its key's and run's

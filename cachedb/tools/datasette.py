@@ -41,6 +41,16 @@ def database_name(location: str | None) -> str:
     return Path(tail).stem or "cachedb"
 
 
+#: The choice's columns of the tuning-history views (revision 0011).
+_CHOICE_COLUMNS = {
+    "choice_name": "the choice's name (NULL: no description stored, e.g. imported from Inductor's files)",
+    "backend": "Triton, extern, CPP, CUDA (CUTLASS), ...",
+    "description": "the choice's description (a Triton template's block sizes, stages, warps)",
+    "tile_shape": "Triton (BLOCK_M, BLOCK_K, BLOCK_N); CUTLASS [M, N, K]",
+    "num_stages": "pipeline stages", "num_warps": "warps", "group_m": "GROUP_M (-1: none)",
+    "kernel_name": "the kernel torch calls",
+}
+
 TABLES: dict[str, dict[str, Any]] = {
     "system_fingerprints": {
         "description": "Where entries were produced: Inductor's system hash (GPU, CUDA/HIP, Triton), "
@@ -85,6 +95,22 @@ TABLES: dict[str, dict[str, Any]] = {
         "columns": {"choice_hash": "the benchmarked choice (template config or extern kernel)",
                     "timing_ms": "benchmarked time"},
         "units": {"timing_ms": _MS},
+    },
+    "autotune_choices": {
+        "description": "What torch said of each autotune choice at tuning time, once per choice hash: its name, "
+                       "description and info_dict(). Timings imported from Inductor's files have none.",
+        "columns": {
+            "choice_hash": "ChoiceCaller.hash_key(): what the timings name",
+            "name": "ChoiceCaller.name (triton_mm_12, _mkl_linear, cpp_CppMicroGemmFP32Vec_0)",
+            "description": "ChoiceCaller.description: a Triton template's kwargs (BLOCK_M=64, ..., num_warps=4)",
+            "backend": "info_dict()['backend']: Triton, extern, CPP, CUDA (CUTLASS), ROCm, CuteDSL, subgraph",
+            "kernel_name": "info_dict()'s kernel_name or kernel_call_name (extern_kernels._mkl_linear)",
+            "tile_shape": "info_dict()['tile_shape']: Triton (BLOCK_M, BLOCK_K, BLOCK_N); CUTLASS [M, N, K]",
+            "num_stages": "info_dict()['num_stages']",
+            "num_warps": "info_dict()['num_warps']",
+            "group_m": "info_dict()['GROUP_M'] (-1: none)",
+            "info_json": "the whole info_dict() as JSON",
+        },
     },
     "autotune_timings": {
         "description": "View: every autotune benchmark flat, cache[op][inputs][precision][choice] = ms. "
@@ -163,18 +189,23 @@ TABLES: dict[str, dict[str, Any]] = {
     "alembic_version": {"description": "Schema revision (Alembic).", "hidden": True},
     # views
     "autotune_current": {
-        "description": "View: the current timing of each choice (its latest benchmark).",
+        "description": "View: the current timing of each choice (its latest benchmark), with the choice's name, "
+                       "backend, description and config (NULL where none is stored).",
+        "columns": _CHOICE_COLUMNS,
         "units": {"timing_ms": _MS},
     },
     "autotune_winners": {
         "description": "View: the fastest current choice per op, inputs, precision and fingerprint, "
-                       "with the number of candidates benchmarked.",
-        "columns": {"candidates": "choices benchmarked for this op/inputs/precision on this fingerprint"},
-        "units": {"timing_ms": _MS},
+                       "with the number of candidates benchmarked, the choice's name and config, and the runner-up.",
+        "columns": {"candidates": "choices benchmarked for this op/inputs/precision on this fingerprint",
+                    "runner_up_choice_hash": "the second fastest choice", "runner_up_name": "its name",
+                    "runner_up_ms": "its current timing", **_CHOICE_COLUMNS},
+        "units": {"timing_ms": _MS, "runner_up_ms": _MS},
     },
     "autotune_history": {
-        "description": "View: every benchmark with its fingerprint (device, CUDA/HIP, Triton, torch version, host): "
-                       "timings over time, GPUs and torch versions.",
+        "description": "View: every benchmark with its fingerprint (device, CUDA/HIP, Triton, torch version, host) "
+                       "and its choice's name and config: timings over time, GPUs and torch versions.",
+        "columns": _CHOICE_COLUMNS,
         "units": {"timing_ms": _MS},
     },
     "kernels": {
@@ -187,10 +218,12 @@ TABLES: dict[str, dict[str, Any]] = {
 QUERIES: dict[str, dict[str, Any]] = {
     "winners_per_op": {
         "title": "Winners per op",
-        "description": "The winning choice per op, input shape, precision, GPU and torch version, with its time "
-                       "(ms) and the number of candidates. op: one op (e.g. mm), empty for all.",
-        "sql": """SELECT op, inputs, precision, device_name, torch_version, choice_hash AS winner,
-       timing_ms, candidates, recorded_at
+        "description": "The winning choice per op, input shape, precision, GPU and torch version, with its name, "
+                       "backend and config, its time (ms), the runner-up and the number of candidates. op: one op "
+                       "(e.g. mm), empty for all.",
+        "sql": """SELECT op, inputs, precision, device_name, torch_version, choice_name AS winner, backend,
+       description, tile_shape, num_stages, num_warps, timing_ms, runner_up_name, runner_up_ms, candidates,
+       choice_hash, recorded_at
 FROM autotune_winners
 WHERE (:op = '' OR op = :op)
 ORDER BY op, inputs, precision, device_name, torch_version""",
@@ -200,8 +233,8 @@ ORDER BY op, inputs, precision, device_name, torch_version""",
         "description": "Op, input shape, precision and device whose winning time (ms) is slower under torch "
                        ":new than under torch :old (e.g. old=2.11.0, new=2.13.0); ratio = new / old.",
         "sql": """SELECT o.op, o.inputs, o.precision, o.device_name,
-       o.choice_hash AS old_winner, o.timing_ms AS old_ms,
-       n.choice_hash AS new_winner, n.timing_ms AS new_ms,
+       o.choice_hash AS old_winner, o.choice_name AS old_winner_name, o.timing_ms AS old_ms,
+       n.choice_hash AS new_winner, n.choice_name AS new_winner_name, n.timing_ms AS new_ms,
        ROUND(n.timing_ms / o.timing_ms, 3) AS ratio
 FROM autotune_winners o
 JOIN autotune_winners n

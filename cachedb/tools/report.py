@@ -6,8 +6,14 @@ What it shows, all read in one snapshot (:func:`collect`):
 
 - **autotuning**, per op and input shape: every choice's current timing (ms) and the winner, one
   series per precision and system fingerprint (GPU or CPU, torch version), from the
-  ``autotune_current``/``autotune_winners`` views; the benchmarks over time
-  (``autotune_history``) where a shape has several series or re-benchmarks;
+  ``autotune_current``/``autotune_winners`` views; each choice labelled by its name and config
+  (:func:`choice_label`: a Triton template's blocks, stages and warps), its hash in a column
+  and on hover, the bare hash where no description is stored (timings imported from
+  Inductor's files); the same op and shape on every series side by side
+  (:meth:`ReportData.side_by_side`); the benchmarks over time (``autotune_history``) where a
+  shape has several series or re-benchmarks;
+- **series**: every system fingerprint with timings, its device, torch version, Triton, CUDA
+  or HIP, CPU and ISA;
 - **best configs** per kernel (``best_configs``): the config, how it was found, the tuning time
   (ms) and when it was first and last written;
 - **cache contents** by kind and fingerprint (:func:`cachedb.tools.stats.collect`);
@@ -24,6 +30,7 @@ import ast
 import datetime as dt
 import html
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,6 +71,8 @@ class ReportData:
     winners: list[dict[str, Any]] = field(default_factory=list)
     #: every benchmark (autotune_history) with its series label
     history: list[dict[str, Any]] = field(default_factory=list)
+    #: every series with timings: label, device, torch version, Triton, CUDA/HIP, CPU, ISA, counts
+    series: list[dict[str, Any]] = field(default_factory=list)
     best_configs: list[dict[str, Any]] = field(default_factory=list)
     contents: list[dict[str, Any]] = field(default_factory=list)
     kernels: list[dict[str, Any]] = field(default_factory=list)
@@ -75,6 +84,27 @@ class ReportData:
         for r in self.timings:
             seen.setdefault(r["group"], (r["op"], r["shape"], r["group"]))
         return list(seen.values())
+
+    def side_by_side(self, group: str) -> tuple[list[str], list[dict[str, Any]]]:
+        """One op and input shape on every series side by side: ``(series, rows)``, a row per
+        choice (matched across series by name and config, :func:`choice_key`, so a config whose
+        hash differs between devices is one row) with its ``label``, ``backend`` and, per
+        series, ``{series: timing in ms}`` under ``"ms"`` and the series it won under
+        ``"won"``; fastest first (by its best time)."""
+        rows = [r for r in self.timings if r["group"] == group]
+        series = list(dict.fromkeys(r["series"] for r in rows))
+        by_key: dict[str, dict[str, Any]] = {}
+        for r in rows:
+            entry = by_key.setdefault(r["key"], {"label": r["label"], "backend": r["backend"], "ms": {},
+                                                 "won": set(), "hashes": set()})
+            previous = entry["ms"].get(r["series"])
+            if previous is None or r["timing_ms"] < previous:
+                entry["ms"][r["series"]] = r["timing_ms"]
+            entry["hashes"].add(r["choice_hash"])
+            if r["winner"]:
+                entry["won"].add(r["series"])
+        ordered = sorted(by_key.values(), key=lambda e: (min(e["ms"].values()), e["label"]))
+        return series, ordered
 
 
 def _iso(value: Any) -> str | None:
@@ -100,6 +130,60 @@ def series_label(device_name: str | None, torch_version: str | None, cpu_model: 
     if precision:
         parts.append(precision)
     return " · ".join(parts)
+
+
+#: What a label keeps of a Triton template's description (``TritonTemplate.generate``'s kwargs,
+#: torch/_inductor/select_algorithm.py) after its ``BLOCK_*`` sizes, in this order, and the
+#: short names it gives them.
+_CONFIG_KEYS = {"GROUP_M": "GROUP_M", "num_stages": "stages", "num_warps": "warps",
+                "num_consumer_groups": "consumer_groups", "num_buffers_warp_spec": "buffers_warp_spec"}
+_BLOCKS = ("BLOCK_M", "BLOCK_N", "BLOCK_K")
+_PAIR = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=([^,]*)")
+
+
+def config_label(description: str | None, tile_shape: str | None = None, num_stages: int | None = None,
+                 num_warps: int | None = None) -> str:
+    """A choice's config in a few words: from a Triton template's description
+    (``BLOCK_K=32, BLOCK_M=64, BLOCK_N=128, ..., num_stages=3, num_warps=4``) its blocks, group,
+    stages and warps (``BLOCK_M=64 BLOCK_N=128 BLOCK_K=32 stages=3 warps=4``); else from the
+    ``info_dict()`` columns (a CUTLASS op's ``tile [128, 256, 64]``); else the description
+    itself, cut to 60 characters; ``""`` when torch gave none (extern and C++ choices)."""
+    pairs = {k: v.strip() for k, v in _PAIR.findall(description or "")}
+    blocks = [k for k in _BLOCKS if k in pairs]
+    blocks += sorted(k for k in pairs if k.startswith("BLOCK_") and k not in _BLOCKS)
+    rest = [k for k in _CONFIG_KEYS if k in pairs]
+    if blocks or rest:
+        return " ".join(f"{_CONFIG_KEYS.get(k, k)}={pairs[k]}" for k in blocks + rest)
+    parts = [f"tile {tile_shape}"] if tile_shape and tile_shape != "(-1, -1, -1)" else []
+    if num_stages is not None:
+        parts.append(f"stages={num_stages}")
+    if num_warps is not None:
+        parts.append(f"warps={num_warps}")
+    if parts:
+        return " ".join(parts)
+    text = (description or "").strip()
+    return text if len(text) <= 60 else text[:59] + "…"
+
+
+def choice_label(choice_hash: str, name: str | None, description: str | None = None, tile_shape: str | None = None,
+                 num_stages: int | None = None, num_warps: int | None = None) -> str:
+    """How the report names a choice: its name and config (``triton_mm_4 · BLOCK_M=64
+    BLOCK_N=128 BLOCK_K=32 stages=3 warps=4``, ``_mkl_linear``), or, where no description is
+    stored (timings imported from Inductor's files), its hash shortened."""
+    if not name:
+        return short_choice(choice_hash)
+    config = config_label(description, tile_shape, num_stages, num_warps)
+    return f"{name} · {config}" if config else name
+
+
+def choice_key(choice_hash: str, name: str | None, description: str | None) -> str:
+    """What matches one choice across series (devices, torch versions) in
+    :meth:`ReportData.side_by_side`: its name less the trailing number a process gives each
+    template choice (``triton_mm_12`` → ``triton_mm``) with its description, or its hash
+    where none is stored."""
+    if not name:
+        return f"hash:{choice_hash}"
+    return f"{re.sub(r'_[0-9]+$', '', name)}\x00{description or ''}"
 
 
 def _dtype(name: Any) -> str:
@@ -150,7 +234,8 @@ def collect(db: CacheDB) -> ReportData:
         )
         current = _rows(s, """
             SELECT c.fingerprint_id, c.op, c.inputs, c.hint_override, c.precision, c.choice_hash,
-                   c.timing_ms, c.recorded_at, f.system_hash, f.device_name, f.torch_version, f.cpu_model
+                   c.timing_ms, c.recorded_at, c.choice_name, c.backend, c.description, c.tile_shape,
+                   c.num_stages, c.num_warps, f.system_hash, f.device_name, f.torch_version, f.cpu_model
             FROM autotune_current c JOIN system_fingerprints f ON f.id = c.fingerprint_id
             ORDER BY c.op, c.inputs, c.hint_override, f.device_name, f.torch_version, c.fingerprint_id,
                      c.precision, c.timing_ms, c.choice_hash""")
@@ -175,6 +260,10 @@ def collect(db: CacheDB) -> ReportData:
                 "choice_hash": r["choice_hash"], "timing_ms": float(r["timing_ms"]),
                 "recorded_at": _iso(r["recorded_at"]),
                 "winner": bool(w and w["choice_hash"] == r["choice_hash"]),
+                "choice_name": r["choice_name"], "backend": r["backend"], "description": r["description"],
+                "label": choice_label(r["choice_hash"], r["choice_name"], r["description"], r["tile_shape"],
+                                      r["num_stages"], r["num_warps"]),
+                "key": choice_key(r["choice_hash"], r["choice_name"], r["description"]),
             }
             data.timings.append(row)
             per_series.setdefault(wkey, []).append(row)
@@ -184,8 +273,10 @@ def collect(db: CacheDB) -> ReportData:
             runner = ordered[1] if len(ordered) > 1 else None
             data.winners.append({
                 "op": best["op"], "shape": best["shape"], "series": best["series"],
-                "winner": best["choice_hash"], "winner_ms": best["timing_ms"],
+                "winner": best["choice_hash"], "winner_label": best["label"], "backend": best["backend"],
+                "winner_ms": best["timing_ms"],
                 "runner_up": runner["choice_hash"] if runner else None,
+                "runner_up_label": runner["label"] if runner else None,
                 "runner_up_ms": runner["timing_ms"] if runner else None,
                 "margin_pct": round(100.0 * (runner["timing_ms"] / best["timing_ms"] - 1.0), 2)
                 if runner and best["timing_ms"] > 0 else None,
@@ -193,7 +284,8 @@ def collect(db: CacheDB) -> ReportData:
             })
         for r in _rows(s, """
                 SELECT op, inputs, hint_override, precision, choice_hash, timing_ms, recorded_at,
-                       system_hash, device_name, torch_version, cpu_model
+                       system_hash, device_name, torch_version, cpu_model, choice_name, description,
+                       tile_shape, num_stages, num_warps
                 FROM autotune_history ORDER BY recorded_at, id"""):
             data.history.append({
                 "group": f"{r['op']}\x00{r['inputs']}\x00{r['hint_override']}",
@@ -201,6 +293,25 @@ def collect(db: CacheDB) -> ReportData:
                                        r["precision"]),
                 "choice_hash": r["choice_hash"], "timing_ms": float(r["timing_ms"]),
                 "recorded_at": _iso(r["recorded_at"]),
+                "label": choice_label(r["choice_hash"], r["choice_name"], r["description"], r["tile_shape"],
+                                      r["num_stages"], r["num_warps"]),
+            })
+        for r in _rows(s, """
+                SELECT f.id, f.system_hash, f.device_name, f.torch_version, f.triton_key, f.cuda_version,
+                       f.hip_version, f.cpu_model, f.isa, COUNT(*) AS benchmarks,
+                       COUNT(DISTINCT t.choice_hash) AS choices, COUNT(DISTINCT c.choice_hash) AS named
+                FROM autotune_timings t JOIN system_fingerprints f ON f.id = t.fingerprint_id
+                LEFT JOIN autotune_choices c ON c.choice_hash = t.choice_hash
+                GROUP BY f.id, f.system_hash, f.device_name, f.torch_version, f.triton_key, f.cuda_version,
+                         f.hip_version, f.cpu_model, f.isa
+                ORDER BY f.device_name, f.torch_version, f.id"""):
+            data.series.append({
+                "series": series_label(r["device_name"], r["torch_version"], r["cpu_model"], r["system_hash"]),
+                "device": r["device_name"] or r["cpu_model"] or "CPU",
+                "torch_version": r["torch_version"] or "unknown",
+                "triton": r["triton_key"], "cuda": r["cuda_version"] or r["hip_version"],
+                "cpu_model": r["cpu_model"], "isa": r["isa"], "system_hash": r["system_hash"],
+                "benchmarks": int(r["benchmarks"]), "choices": int(r["choices"]), "described": int(r["named"]),
             })
         for r in _rows(s, """
                 SELECT b.key, b.num_warps, b.num_stages, b.found_by_coordesc, b.time_taken_ms, b.kernel_kwargs,
@@ -265,27 +376,46 @@ def short_choice(choice: str, width: int = 48) -> str:
     return choice if len(choice) <= width else f"{choice[:width - 13]}…{choice[-12:]}"
 
 
+def _tick(label: str, width: int = 64) -> str:
+    return label if len(label) <= width else label[:width - 1] + "…"
+
+
 def group_chart(data: ReportData, group: str, title: str) -> dict[str, Any]:
-    """Horizontal bars: every choice's current timing (ms), one trace per series, the winner
-    of each series marked ★ and outlined."""
+    """Horizontal bars: every choice's current timing (ms), labelled by name and config
+    (:func:`choice_label`; the hash on hover), one trace per series, so one config on several
+    devices or torch versions stands side by side (choices matched by :func:`choice_key`);
+    the winner of each series marked ★ and outlined."""
     rows = [r for r in data.timings if r["group"] == group]
-    best = sorted({r["choice_hash"]: min(x["timing_ms"] for x in rows if x["choice_hash"] == r["choice_hash"])
-                   for r in rows}.items(), key=lambda kv: kv[1])
-    keep = [c for c, _ in best[:MAX_CHOICES_PER_CHART]]
+    best: dict[str, float] = {}
+    labels: dict[str, str] = {}
+    for r in rows:
+        best[r["key"]] = min(best.get(r["key"], r["timing_ms"]), r["timing_ms"])
+        labels.setdefault(r["key"], r["label"])
+    ranked = sorted(best.items(), key=lambda kv: (kv[1], labels[kv[0]]))
+    keep = [k for k, _ in ranked[:MAX_CHOICES_PER_CHART]]
+    ticks: dict[str, str] = {}
+    for n, k in enumerate(keep):  # a tick names one choice: a second of one label is numbered
+        tick = _tick(labels[k])
+        ticks[k] = f"{tick} [{n + 1}]" if tick in ticks.values() else tick
     traces = []
     for series in dict.fromkeys(r["series"] for r in rows):
-        mine = {r["choice_hash"]: r for r in rows if r["series"] == series}
-        chosen = [c for c in keep if c in mine]
+        mine: dict[str, dict[str, Any]] = {}
+        for r in rows:
+            if r["series"] == series and (r["key"] not in mine or r["timing_ms"] < mine[r["key"]]["timing_ms"]):
+                mine[r["key"]] = r
+        chosen = [k for k in keep if k in mine]
         traces.append({
             "type": "bar", "orientation": "h", "name": series,
-            "y": [short_choice(c) for c in chosen], "x": [mine[c]["timing_ms"] for c in chosen],
-            "text": [f"{mine[c]['timing_ms']:.4g} ms" + (" ★" if mine[c]["winner"] else "") for c in chosen],
-            "textposition": "auto", "hovertext": chosen,
+            "y": [ticks[k] for k in chosen], "x": [mine[k]["timing_ms"] for k in chosen],
+            "text": [f"{mine[k]['timing_ms']:.4g} ms" + (" ★" if mine[k]["winner"] else "") for k in chosen],
+            "textposition": "auto",
+            "hovertext": [f"{html.escape(mine[k]['label'])}<br>{html.escape(mine[k]['choice_hash'])}"
+                          + (f"<br>{html.escape(mine[k]['backend'])}" if mine[k]["backend"] else "") for k in chosen],
             "hovertemplate": "%{hovertext}<br>%{x:.4g} ms<extra>%{fullData.name}</extra>",
-            "marker": {"line": {"width": [2.5 if mine[c]["winner"] else 0 for c in chosen], "color": "#111"}},
+            "marker": {"line": {"width": [2.5 if mine[k]["winner"] else 0 for k in chosen], "color": "#111"}},
         })
-    more = len(best) - len(keep)
-    subtitle = f" (fastest {len(keep)} of {len(best)} choices)" if more > 0 else ""
+    more = len(ranked) - len(keep)
+    subtitle = f" (fastest {len(keep)} of {len(ranked)} choices)" if more > 0 else ""
     height = max(240, 110 + 24 * len(keep) * max(1, min(len(traces), 3)))
     return {"data": traces, "layout": _layout(title + subtitle, height=height, barmode="group",
                                               xaxis={"title": {"text": "time (ms), lower is better"}},
@@ -293,8 +423,9 @@ def group_chart(data: ReportData, group: str, title: str) -> dict[str, Any]:
 
 
 def history_chart(data: ReportData, group: str, title: str) -> dict[str, Any] | None:
-    """Every benchmark of the group over time (ms), one trace per series; ``None`` when the
-    history holds nothing beyond the current timings of one series."""
+    """Every benchmark of the group over time (ms), one trace per series (each point's choice
+    and hash on hover); ``None`` when the history holds nothing beyond the current timings of
+    one series."""
     rows = [r for r in data.history if r["group"] == group]
     series = list(dict.fromkeys(r["series"] for r in rows))
     current = sum(1 for r in data.timings if r["group"] == group)
@@ -305,7 +436,7 @@ def history_chart(data: ReportData, group: str, title: str) -> dict[str, Any] | 
         mine = [r for r in rows if r["series"] == sname]
         traces.append({"type": "scatter", "mode": "markers", "name": sname,
                        "x": [r["recorded_at"] for r in mine], "y": [r["timing_ms"] for r in mine],
-                       "hovertext": [r["choice_hash"] for r in mine],
+                       "hovertext": [f"{html.escape(r['label'])}<br>{html.escape(r['choice_hash'])}" for r in mine],
                        "hovertemplate": "%{hovertext}<br>%{y:.4g} ms at %{x}<extra>%{fullData.name}</extra>",
                        "marker": {"size": 9, "opacity": 0.8}})
     return {"data": traces, "layout": _layout(title, height=320, xaxis={"title": {"text": "recorded at (UTC)"}},
@@ -415,17 +546,27 @@ def _fmt(value: Any) -> str:
 
 
 def _table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str], *, numeric: Iterable[str] = (),
-           highlight: str | None = None, limit: int | None = None) -> str:
+           highlight: str | None = None, limit: int | None = None, titles: Mapping[str, str] | None = None,
+           headers: Mapping[str, str] | None = None) -> str:
+    """An HTML table of ``rows``' ``columns``; ``titles``: ``{column: key}``, the row's value of
+    ``key`` on hover over that column's cells (a choice's hash over its label); ``headers``:
+    the headings of columns named otherwise."""
     if not rows:
         return '<p class="muted">nothing stored</p>'
     numeric = set(numeric)
+    titles = titles or {}
+    headers = headers or {}
     shown = rows[:limit] if limit else rows
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    head = "".join(f"<th>{html.escape(headers.get(c, c))}</th>" for c in columns)
     body = []
     for r in shown:
         cls = ' class="win"' if highlight and r.get(highlight) else ""
-        cells = "".join(f'<td{" class=n" if c in numeric else ""}>{html.escape(_fmt(r.get(c)))}</td>' for c in columns)
-        body.append(f"<tr{cls}>{cells}</tr>")
+        cells = []
+        for c in columns:
+            title = r.get(titles[c]) if c in titles else None
+            attrs = (" class=n" if c in numeric else "") + (f' title="{html.escape(str(title))}"' if title else "")
+            cells.append(f"<td{attrs}>{html.escape(_fmt(r.get(c)))}</td>")
+        body.append(f"<tr{cls}>{''.join(cells)}</tr>")
     note = f'<p class="muted">{len(rows) - len(shown)} more rows not shown</p>' if len(shown) < len(rows) else ""
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>{note}"
 
@@ -442,6 +583,35 @@ def _plotly_js() -> str:
 def _script_json(value: Any) -> str:
     """JSON safe inside ``<script type="application/json">`` (no ``</`` can close it)."""
     return json.dumps(value, separators=(",", ":")).replace("</", "<\\/").replace("<!--", "<\\!--")
+
+
+#: The columns of the winners' table (HTML and text).
+WINNER_COLUMNS = ("op", "shape", "series", "winner_label", "backend", "winner_ms", "runner_up_label",
+                  "runner_up_ms", "margin_pct", "candidates")
+#: Headings of the columns whose keys say less (the text report's tables; the HTML's winners).
+_HEADINGS = {"winner_label": "winner", "runner_up_label": "runner-up", "winner_ms": "ms", "runner_up_ms": "ms",
+             "margin_pct": "margin %", "candidates": "n", "torch_version": "torch", "benchmarks": "timings",
+             "timing_ms": "ms"}
+#: The columns of the series' table.
+SERIES_COLUMNS = ("series", "device", "torch_version", "cuda", "triton", "cpu_model", "isa", "benchmarks",
+                  "choices", "described")
+
+
+def comparison(data: ReportData, group: str) -> tuple[list[str], list[dict[str, Any]]]:
+    """:meth:`ReportData.side_by_side` as a table: ``(columns, rows)``, the columns ``choice``
+    (its label), ``backend`` and one per series, each cell the choice's time there in ms
+    (``★`` where it won), empty where that series did not benchmark it; ``hashes``: the choice
+    hashes of the row (for hover)."""
+    series, entries = data.side_by_side(group)
+    rows = []
+    for entry in entries:
+        row: dict[str, Any] = {"choice": entry["label"], "backend": entry["backend"],
+                               "hashes": " ".join(sorted(entry["hashes"]))}
+        for name in series:
+            ms = entry["ms"].get(name)
+            row[name] = None if ms is None else f"{ms:.4g}" + (" ★" if name in entry["won"] else "")
+        rows.append(row)
+    return ["choice", "backend", *series], rows
 
 
 def render_html(data: ReportData, *, max_groups: int = DEFAULT_MAX_GROUPS, plotly_js: str | None = None) -> str:
@@ -474,12 +644,14 @@ def render_html(data: ReportData, *, max_groups: int = DEFAULT_MAX_GROUPS, plotl
         '<section id="autotune"><h2>Autotuning: choices and winners per op and input shape</h2>',
         '<p class="muted">Current timing of every choice (its latest benchmark), in milliseconds; '
         "★ and a dark outline mark the winner of each series (precision × GPU/CPU × torch version). "
-        "Margin: how much slower the runner-up is.</p>",
-        _table([dict(w, winner=short_choice(w["winner"]),
-                     runner_up=short_choice(w["runner_up"]) if w["runner_up"] else None) for w in data.winners],
-               ("op", "shape", "series", "winner", "winner_ms", "runner_up", "runner_up_ms",
-                              "margin_pct", "candidates"),
-               numeric=("winner_ms", "runner_up_ms", "margin_pct", "candidates")),
+        "Margin: how much slower the runner-up is. ",
+        "Choices are named by torch's name and config (hover for the choice hash); a bare hash is a "
+        "choice no stored description names (timings imported from Inductor's files).</p>",
+        _table(data.winners, WINNER_COLUMNS, numeric=("winner_ms", "runner_up_ms", "margin_pct", "candidates"),
+               titles={"winner_label": "winner", "runner_up_label": "runner_up"}, headers=_HEADINGS),
+        "<h3>Series</h3><p class=muted>Every system the history holds timings of, with its torch "
+        "version.</p>",
+        _table(data.series, SERIES_COLUMNS, numeric=("benchmarks", "choices", "described"), headers=_HEADINGS),
     ]
     groups = data.groups()
     for op, shape, group in groups[:max_groups]:
@@ -490,10 +662,16 @@ def render_html(data: ReportData, *, max_groups: int = DEFAULT_MAX_GROUPS, plotl
         if hist is not None:
             parts.append(chart(hist))
         parts.append("</div>")
+        columns, compared = comparison(data, group)
+        if len(columns) > 3:  # two series or more: side by side
+            parts.append('<p class=muted>Side by side (ms; ★ the series\' winner):</p>'
+                         + _table(compared, columns, numeric=columns[2:], titles={"choice": "hashes"}))
         rows = [r for r in data.timings if r["group"] == group]
         parts.append(f"<details><summary>{len(rows)} timings</summary>"
-                     + _table(rows, ("series", "choice_hash", "timing_ms", "recorded_at", "winner"),
-                              numeric=("timing_ms",), highlight="winner") + "</details>")
+                     + _table(rows, ("series", "label", "backend", "timing_ms", "recorded_at", "winner",
+                                     "choice_hash"),
+                              numeric=("timing_ms",), highlight="winner", titles={"label": "choice_hash"},
+                              headers={"label": "choice"}) + "</details>")
     if len(groups) > max_groups:
         parts.append(f'<p class="muted">{len(groups) - max_groups} more op/shape groups: in the table above '
                      "and in <code>cachedb report --format text</code>.</p>")
@@ -573,7 +751,7 @@ def render_text(data: ReportData, console: Any = None) -> None:
         numeric = set(numeric)
         t = Table(title=title, title_justify="left", title_style="bold")
         for c in columns:
-            t.add_column(c, justify="right" if c in numeric else "left", overflow="fold")
+            t.add_column(_HEADINGS.get(c, c), justify="right" if c in numeric else "left", overflow="fold")
         shown = rows[:limit] if limit else rows
         for r in shown:
             style = "bold green" if highlight and r.get(highlight) else None
@@ -587,15 +765,20 @@ def render_text(data: ReportData, console: Any = None) -> None:
 
     console.print(Text(f"cachedb report: {data.where} (schema {data.revision}, {data.generated_at} UTC)",
                        style="bold"))
-    winners = [dict(w, winner=short_choice(w["winner"], 40),
-                    runner_up=short_choice(w["runner_up"], 40) if w["runner_up"] else None) for w in data.winners]
-    table("Autotune winners per op and input shape (ms)", winners,
-          ("op", "shape", "series", "winner", "winner_ms", "runner_up", "runner_up_ms", "margin_pct", "candidates"),
-          numeric=("winner_ms", "runner_up_ms", "margin_pct", "candidates"))
+    table("Autotune winners per op and input shape (ms; choices by name and config, hashes below)",
+          data.winners, WINNER_COLUMNS, numeric=("winner_ms", "runner_up_ms", "margin_pct", "candidates"))
+    table("Series (every system with timings, its torch version)", data.series, SERIES_COLUMNS,
+          numeric=("benchmarks", "choices", "described"))
     for op, shape, group in data.groups():
-        rows = [dict(r, choice=short_choice(r["choice_hash"], 60)) for r in data.timings if r["group"] == group]
+        rows = [dict(r, choice=r["label"], hash=short_choice(r["choice_hash"], 40))
+                for r in data.timings if r["group"] == group]
         table(f"{op} · {shape}: current timings (ms; winners in green)", rows,
-              ("series", "choice", "timing_ms", "recorded_at", "winner"), numeric=("timing_ms",), highlight="winner")
+              ("series", "choice", "backend", "timing_ms", "recorded_at", "winner", "hash"), numeric=("timing_ms",),
+              highlight="winner")
+        columns, compared = comparison(data, group)
+        if len(columns) > 3:
+            table(f"{op} · {shape}: side by side (ms; ★ the series' winner)", compared, columns,
+                  numeric=columns[2:])
     table("Best configs per kernel", data.best_configs,
           ("kernel", "config", "num_warps", "num_stages", "found_by", "time_taken_ms", "fingerprint", "created_at",
            "updated_at"), numeric=("num_warps", "num_stages", "time_taken_ms"))

@@ -13,6 +13,7 @@ from ..repositories.dynamo import table_of
 from ..store.tables import DYNAMO_TABLES
 from ..store.models import (
     AUTOTUNE_TIMINGS,
+    AutotuneChoice,
     BestConfig,
     CutlassOp,
     CutlassOpList,
@@ -39,7 +40,8 @@ def collect(session: Session) -> list[dict[str, Any]]:
     ``stored_bytes`` what the database holds for them (compressed payloads). Kernel rows
     (``triton_kernel``, ``cpp_kernel``) count key directories; their ``bytes`` are the files'
     sizes and ``stored_bytes`` the compressed distinct blobs they use. Dynamo's caches
-    (``pgo_profile``, ...) count one row per key, ``bytes`` their pickles."""
+    (``pgo_profile``, ...) count one row per key, ``bytes`` their pickles. ``autotune_choice``
+    counts the described choices (``bytes``: their ``info_dict()`` JSON and descriptions)."""
     labels = _label(session)
     rows: list[dict[str, Any]] = []
 
@@ -61,6 +63,12 @@ def collect(session: Session) -> list[dict[str, Any]]:
         select(t.fingerprint_id, func.count()).group_by(t.fingerprint_id).order_by(t.fingerprint_id)
     ):
         add("autotune_timings", fp, n, None, None)
+    c = AutotuneChoice
+    for n, raw in session.execute(
+        select(func.count(), func.sum(func.length(c.info_json) + func.coalesce(func.length(c.description), 0)))
+        .having(func.count() > 0)
+    ):
+        add("autotune_choice", None, n, raw, raw)
     v = LocalCacheValue
     for fp, n, raw in session.execute(
         select(v.fingerprint_id, func.count(), func.sum(func.length(v.value_json)))
