@@ -26,6 +26,8 @@ from .store.signing import Signer
 from .repositories import (
     AutotuneTimingRepository,
     BestConfigRepository,
+    CompileClaimRepository,
+    CompileWaitRepository,
     ChoiceRepository,
     CutlassOpListRepository,
     DynamoRepository,
@@ -142,6 +144,16 @@ class Repos:
     @property
     def best_configs(self) -> BestConfigRepository:
         return BestConfigRepository(self.bind, self.signer)
+
+    @property
+    def compile_claims(self) -> CompileClaimRepository:
+        """Leases on entries being compiled (a shared database's, :mod:`cachedb.live._singleflight`)."""
+        return CompileClaimRepository(self.bind)
+
+    @property
+    def compile_waits(self) -> CompileWaitRepository:
+        """The compiles this database's processes did not run, having waited for another's."""
+        return CompileWaitRepository(self.bind)
 
     @property
     def cutlass(self) -> CutlassOpListRepository:

@@ -107,6 +107,9 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
              "set by cachedb inside a torch fresh_cache() block, for the processes started there: "
              "the cache dir in use outside the block; any other cache dir is served from a "
              "database of its own, in that directory"),
+    Variable("CACHEDB_COMPILE_WAIT", _SECONDS, _seconds(0.0), 600.0,
+             "seconds a process that misses an entry another process is compiling waits for it "
+             "before it compiles it too (0: never waits)"),
     Variable("CACHEDB_LOG_FILE", "a file path", _text, None, "a file every live process appends its lookup trace to"),
     Variable("CACHEDB_RETUNE", _FLAG, _flag, False, "keep torch's runtime re-tuning of stored winners"),
     Variable("CACHEDB_WRITE_BEHIND", _FLAG, _flag, True,

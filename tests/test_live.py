@@ -668,6 +668,7 @@ def test_seam_modules_are_the_modules_install_patches() -> None:
     assert set(_autoload.SEAM_MODULES) == {
         _seams.CODECACHE, _seams.AOT_CACHE, _seams.AUTOTUNE_CACHE, _seams.CPP_BUILDER,
         _seams.TRITON_HEURISTICS, _seams.PGO, _seams.PACKAGE, _seams.UTILS, _seams.CACHE_DIR_UTILS,
+        _seams.COMPILE_FX, _seams.AOT_AUTOGRAD,
         *(m[0] for m in _seams._CUTLASS_MODULES),
     }
     assert _autotune._MODULE == _seams.TRITON_HEURISTICS

@@ -64,6 +64,8 @@ SEAM_MODULES = (
     "torch._inductor.runtime.triton_heuristics",
     "torch._inductor.codegen.cutlass.cache",
     "torch._inductor.codegen.cuda.cutlass_cache",
+    "torch._functorch.aot_autograd",
+    "torch._inductor.compile_fx",
 )
 
 #: Seam modules patched when cachedb activates, whose own import does not activate it:
@@ -80,6 +82,7 @@ SEAM_MODULES = (
 PATCHED_AT_ACTIVATION = frozenset({
     "torch._inductor.cpp_builder", "torch._dynamo.pgo", "torch._dynamo.package",
     "torch._inductor.utils", "torch._inductor.runtime.cache_dir_utils",
+    "torch._functorch.aot_autograd", "torch._inductor.compile_fx",
 })
 
 

@@ -50,6 +50,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from sqlalchemy import event
@@ -80,6 +81,29 @@ DEFAULT_MAX_PENDING = 4096
 PUSH_BATCH = 64
 
 _STOP = object()
+
+
+@dataclass(frozen=True)
+class _Release:
+    """A queued release of a compile lease: run after the pushes queued before it (the entry a
+    waiter on another machine then finds)."""
+
+    kind: str
+    key: str
+
+
+class RemoteLease:
+    """This process's lease on an entry it compiles, on the remote (``compile_claims``): renewed
+    by :meth:`beat`, given up by :meth:`release` once the entry is sent."""
+
+    def __init__(self, tier: RemoteTier, kind: str, key: str) -> None:
+        self.tier, self.kind, self.key = tier, kind, key
+
+    def beat(self) -> None:
+        self.tier._beat_lease(self.kind, self.key)
+
+    def release(self) -> None:
+        self.tier._queue_release(self.kind, self.key)
 
 
 class _Down(Exception):
@@ -155,6 +179,8 @@ class RemoteTier:
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=max_pending)
         self._thread: threading.Thread | None = None
         self.closed = False
+        #: this process's name on the remote's compile leases (host, pid, a random part)
+        self.holder = _holder_name()
 
     @property
     def where(self) -> str:
@@ -220,6 +246,7 @@ class RemoteTier:
             self._queue = queue.Queue(maxsize=self.max_pending)
             self._thread = None
             self._lock = threading.RLock()
+            self.holder = _holder_name()
 
     def _coalescer(self, local: CacheDB) -> _coalesce.Coalescer | None:
         """The sidecar shared with the other processes of ``local``'s file (None: none)."""
@@ -448,16 +475,98 @@ class RemoteTier:
                     q.task_done()
                     break
                 batch.append(item)
+            releases = [item for item in batch if isinstance(item, _Release)]
             try:
-                self._send(batch)
+                self._send([item for item in batch if not isinstance(item, _Release)])
             except _Down:
                 pass
             except Exception as exc:  # never let the thread die
                 self._write_down_until = time.monotonic() + RETRY_AFTER_S
                 self._warn_once("write", exc, seconds=RETRY_AFTER_S)
             finally:
+                for release in releases:  # after the entries queued before them were sent
+                    self._release_lease(release.kind, release.key)
                 for _ in batch:
                     q.task_done()
+
+    # -- compile leases (:mod:`cachedb.live._singleflight`) ------------------------------------
+
+    def claim_compile(self, kind: str, key: str) -> tuple[RemoteLease | None, str | None]:
+        """Take the remote's lease on ``kind``/``key`` for this process: ``(lease, None)``; or
+        ``(None, holder)`` where another process holds a live one (it compiles the entry);
+        ``(None, None)`` where the remote cannot be asked (this process compiles, unclaimed).
+        Waits at most ``timeout_s`` seconds; never raises."""
+        from ._singleflight import HOST, STALE_S
+
+        self._after_fork()
+        if self.closed or time.monotonic() < self._write_down_until:
+            return None, None
+
+        def claim(db: CacheDB) -> str:
+            with db.write() as repos:
+                return repos.compile_claims.claim(kind, key, self.holder, HOST, os.getpid(), stale_s=STALE_S)
+
+        try:
+            current = self._run(time.monotonic() + self.timeout_s, claim, for_write=True)
+        except Exception as exc:  # noqa: BLE001 - a compile without the remote's claim
+            log.debug("cachedb: remote compile claim of %s %s: %s", kind, key, exc)
+            return None, None
+        if current == self.holder:
+            return RemoteLease(self, kind, key), None
+        return None, current
+
+    def compile_holder(self, kind: str, key: str) -> str | None:
+        """The process holding a live lease on ``kind``/``key`` on the remote, or ``None`` (no
+        lease, a stale one, or the remote cannot be asked)."""
+        from ._singleflight import STALE_S
+
+        def read(db: CacheDB) -> str | None:
+            with db.lookup() as repos:
+                return repos.compile_claims.holder(kind, key, stale_s=STALE_S)
+
+        try:
+            return self._run(time.monotonic() + self.timeout_s, read)
+        except Exception as exc:  # noqa: BLE001
+            log.debug("cachedb: remote compile holder of %s %s: %s", kind, key, exc)
+            return None
+
+    def landed(self, entry: sync.Entry, local: CacheDB) -> bool:
+        """Ask the remote for ``entry`` again (a process waiting for another machine's
+        compile): True when it is in ``local`` now."""
+        self._asked.discard(entry)
+        return self._ask(entry, local, time.monotonic() + self.timeout_s, None)
+
+    def _beat_lease(self, kind: str, key: str) -> None:
+        def beat(db: CacheDB) -> int:
+            with db.write() as repos:
+                return repos.compile_claims.beat(self.holder, [(kind, key)])
+
+        try:
+            self._run(time.monotonic() + self.timeout_s, beat, for_write=True)
+        except Exception as exc:  # noqa: BLE001 - the lease then goes stale, as a dead holder's
+            log.debug("cachedb: remote compile lease heartbeat: %s", exc)
+
+    def _queue_release(self, kind: str, key: str) -> None:
+        """Release the lease once what is queued before it is sent (now, if nothing is)."""
+        with self._lock:
+            running = self._thread is not None and self._thread.is_alive()
+        if not running or _in_worker():
+            self._release_lease(kind, key)
+            return
+        try:
+            self._queue.put_nowait(_Release(kind, key))
+        except queue.Full:
+            self._release_lease(kind, key)
+
+    def _release_lease(self, kind: str, key: str) -> None:
+        def release(db: CacheDB) -> None:
+            with db.write() as repos:
+                repos.compile_claims.release(self.holder, kind, key)
+
+        try:
+            self._run(time.monotonic() + self.timeout_s, release, for_write=True)
+        except Exception as exc:  # noqa: BLE001 - left to go stale
+            log.debug("cachedb: remote compile lease release: %s", exc)
 
     def _send(self, batch: list[tuple[sync.Entry, CacheDB]]) -> None:
         if time.monotonic() < self._write_down_until:
@@ -558,6 +667,15 @@ class RemoteTier:
                 self._db.close()
                 self._db = None
             self._coalescers.clear()
+
+
+def _holder_name() -> str:
+    """This process's name on compile leases: ``host:pid:random``."""
+    import uuid
+
+    from ._singleflight import HOST
+
+    return f"{HOST}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
 def _redacted(url: str) -> str:

@@ -247,26 +247,23 @@ def parameters(fn: Any) -> tuple[str, ...] | None:
         return None
 
 
-def holders(target: Any) -> list[tuple[Any, str]]:
-    """``(module, name)`` of every imported module that holds ``target`` under a name
+def holders(target: Any, names: tuple[str, ...] = ("fresh_cache", "fresh_inductor_cache", "temporary_cache_dir")
+            ) -> list[tuple[Any, str]]:
+    """``(module, name)`` of every imported module that holds ``target`` under one of ``names``
     (``from torch._inductor.utils import fresh_cache`` copies the function into the importing
     module: torch's own ``test_case`` and ``compile_fx`` do, and so do tests)."""
-    found = []
-    for module in list(sys_modules().values()):
-        try:
-            names = vars(module)
-        except TypeError:
-            continue
-        for name in ("fresh_cache", "fresh_inductor_cache", "temporary_cache_dir"):
-            if names.get(name) is target:
-                found.append((module, name))
-    return found
-
-
-def sys_modules() -> dict[str, Any]:
     import sys
 
-    return dict(sys.modules)
+    found = []
+    for module in list(sys.modules.values()):
+        try:
+            attrs = vars(module)
+        except TypeError:
+            continue
+        for name in names:
+            if attrs.get(name) is target:
+                found.append((module, name))
+    return found
 
 
 def close_all() -> None:

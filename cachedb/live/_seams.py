@@ -98,6 +98,9 @@ PGO = _pgo.MODULE
 PACKAGE = _precompile.MODULE
 #: The cache-directory scopes (:mod:`cachedb.live._scopes`).
 UTILS, CACHE_DIR_UTILS = _scopes.UTILS, _scopes.CACHE_DIR_UTILS
+#: The compiles a claim is held for (:mod:`cachedb.live._singleflight`): one FX graph's
+#: (``_compile_fx_inner``) and one AOTAutograd graph's (``aot_module_simplified``).
+COMPILE_FX, AOT_AUTOGRAD = "torch._inductor.compile_fx", "torch._functorch.aot_autograd"
 
 #: Where ``maybe_fetch_ops`` lives: torch >= 2.11, then 2.9/2.10.
 _CUTLASS_MODULES = (
@@ -208,6 +211,28 @@ def _yields_in_local() -> bool:
     return version is None or parse_torch_version(version) >= (2, 11)
 
 
+def _offer(served: LiveStore, kind: str, key: str, candidates: Iterator[tuple[str, bytes]], seen: set[str],
+           yields_in_local: bool) -> Iterator[tuple[Any, bytes, bool] | tuple[Any, bytes]]:
+    """What ``GuardedCache.iterate_over_candidates`` yields for the stored ``candidates``
+    (``(variant, pickle bytes)``) not in ``seen`` (each added to it): the unpickled entry, its
+    bytes and (torch 2.11 on) ``in_local``; the one whose guards hold is counted as a hit."""
+    for variant, content in candidates:
+        if variant in seen:
+            continue
+        seen.add(variant)
+        try:
+            entry = pickle.loads(content)
+        except Exception as exc:  # same policy as Inductor's own loop
+            served.warn_once(f"{kind} unpickle", exc)
+            continue
+        try:
+            yield (entry, content, True) if yields_in_local else (entry, content)
+        except GeneratorExit:
+            # find_guarded_entry stops iterating at the candidate whose guards hold.
+            served.note_hit(kind, key, variant)
+            raise
+
+
 def _guarded_seams(store: LiveStore, cls: type, kind: str) -> list[_Patch]:
     """``_write_to_local_cache``, ``iterate_over_candidates`` and ``clear`` of
     ``FxGraphCache`` or ``AOTAutogradCache`` (``cls``); the remote part of the loop stays
@@ -235,20 +260,14 @@ def _guarded_seams(store: LiveStore, cls: type, kind: str) -> list[_Patch]:
             yield from base_iterate(klass, local=local, remote_cache=remote_cache, key=key)
             return
         if served is not None:
-            for variant, content in served.guarded_candidates(kind, key):
-                try:
-                    entry = pickle.loads(content)
-                except Exception as exc:  # same policy as Inductor's own loop
-                    served.warn_once(f"{kind} unpickle", exc)
-                    continue
-                try:
-                    yield (entry, content, True) if yields_in_local else (entry, content)
-                except GeneratorExit:
-                    # find_guarded_entry stops iterating at the candidate whose guards hold.
-                    served.note_hit(kind, key, variant)
-                    raise
+            seen: set[str] = set()
+            yield from _offer(served, kind, key, served.guarded_candidates(kind, key), seen, yields_in_local)
         if remote_cache:
             yield from base_iterate(klass, local=False, remote_cache=remote_cache, key=key)
+        # No stored variant held: torch compiles next, unless another process is compiling this
+        # key (:mod:`cachedb.live._singleflight`): then what it stored, through the same checks.
+        if served is not None and served.on_compile_miss(kind, key, seen):
+            yield from _offer(served, kind, key, served.guarded_candidates(kind, key), seen, yields_in_local)
 
     def clear() -> None:
         """``clear()`` (torch/_inductor/codecache.py ``FxGraphCache.clear``,
@@ -586,6 +605,44 @@ def _autotune_seams() -> list[_Patch]:
     return [_Patch(owner, name, new) for owner, name, new in found]
 
 
+def _leading(owner: Any, name: str, params: tuple[str, ...]) -> Any:
+    """``owner.name``, a function whose first parameters are ``params`` (the rest differ
+    between torch releases: its replacement passes every argument through as given). Raises
+    :class:`SeamMissingError` otherwise."""
+    fn = getattr(owner, name, None)
+    found = _scopes.parameters(fn) if fn is not None else None
+    if found is None or found[: len(params)] != params:
+        raise SeamMissingError(f"torch seam changed: {owner.__name__}.{name} takes ({', '.join(found or ('?',))}), "
+                               f"cachedb wraps it taking ({', '.join(params)}, ...)")
+    return fn
+
+
+def _compile_scope_seams(name: str, store: LiveStore) -> list[_Patch]:
+    """``_compile_fx_inner`` or ``aot_module_simplified``, run inside the serving store's
+    compile scope (:meth:`LiveStore.compile_scope`): the compile claims taken in it for entries
+    it did not store are released when it ends. In their module, and wherever imported by name."""
+    if name == COMPILE_FX:
+        module = _require(COMPILE_FX)
+        original = _leading(module, "_compile_fx_inner", ("gm", "example_inputs"))
+    else:
+        module = _require(AOT_AUTOGRAD)
+        original = _leading(module, "aot_module_simplified", ("mod", "args", "fw_compiler"))
+
+    @functools.wraps(original)
+    def scoped(*args: Any, **kwargs: Any) -> Any:
+        served = route(store)
+        if served is None:
+            return original(*args, **kwargs)
+        with served.compile_scope():
+            return original(*args, **kwargs)
+
+    attr = original.__name__
+    patches = [_Patch(holder, held, scoped) for holder, held in _scopes.holders(original, (attr,))]
+    if not any(holder is module for holder, _ in _scopes.holders(original, (attr,))):
+        patches.append(_Patch(module, attr, scoped))
+    return patches
+
+
 def _scope_seams(name: str) -> list[_Patch]:
     """``fresh_cache`` (``torch._inductor.utils``) or ``temporary_cache_dir``
     (``torch._inductor.runtime.cache_dir_utils``), in their module and in every module that
@@ -626,6 +683,8 @@ def module_patches(name: str, store: LiveStore, *, retune: bool = False) -> list
         return _autotune_seams() if not retune and triton_available() else []
     if name in (UTILS, CACHE_DIR_UTILS):
         return _scope_seams(name)
+    if name in (COMPILE_FX, AOT_AUTOGRAD):
+        return _compile_scope_seams(name, store)
     for cache_mod, gemm_mod, utils_mod, config_ns in _CUTLASS_MODULES:
         if name == cache_mod:
             return _cutlass_patches(store, _require(cache_mod), gemm_mod, utils_mod, config_ns)
@@ -637,7 +696,8 @@ def build(store: LiveStore, *, retune: bool = False) -> list[_Patch]:
     patched when torch imports it). Raises :class:`SeamMissingError` if one is missing or
     changed. ``retune``: keep torch's own re-tuning of stored winners."""
     patches: list[_Patch] = []
-    for name in (CODECACHE, AOT_CACHE, AUTOTUNE_CACHE, CPP_BUILDER, PGO, PACKAGE, UTILS, CACHE_DIR_UTILS):
+    for name in (CODECACHE, AOT_CACHE, AUTOTUNE_CACHE, CPP_BUILDER, PGO, PACKAGE, UTILS, CACHE_DIR_UTILS,
+                 COMPILE_FX, AOT_AUTOGRAD):
         patches += module_patches(name, store, retune=retune)
     patches += _cutlass_seams(store)
     if not retune and triton_available():

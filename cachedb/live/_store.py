@@ -40,6 +40,8 @@ from ..repositories import timings as timings_repo
 from ..repositories.timings import next_position
 from ._best_configs import BestConfigCopy, Refused
 from ..fleet import trust as _trust
+from .. import settings
+from . import _singleflight
 from ._remote import RemoteTier
 from ._writer import WriteBehind, enabled_by_environment
 
@@ -116,6 +118,9 @@ class LiveStore:
         self.best_configs = BestConfigCopy()
         #: the checksum this process last stored per (kind, key) of Dynamo's caches
         self._dynamo_written: dict[tuple[str, str], str] = {}
+        #: the compile claims of its local file (:attr:`flights`)
+        self._flights: _singleflight.Flights | None = None
+        self._flights_checked = False
         #: its kernel-artifact side (``cachedb.live._artifacts.for_store`` makes it)
         self.kernel_artifacts: Any = None
         #: its choice descriptions written or read (``cachedb.live._choices`` makes it)
@@ -513,6 +518,9 @@ class LiveStore:
         computation imports torch modules, and an import running on the writer thread when the
         process forks would leave the child that module's import lock held. Never raises."""
         writer = self.writer
+        flights = self._flights
+        if flights is not None:
+            flights.mark_put_queued(kind, key)  # its claim is released once the entry is written
         if writer is not None and self._known_fingerprint_id() is not None and writer.submit(
             (kind, key), len(content), lambda: self._write_guarded(kind, key, content)
         ):
@@ -548,6 +556,77 @@ class LiveStore:
 
         if self.safely(f"{kind} write", False, write):
             self.push(sync.guarded(kind, key))
+        flights = self._flights
+        if flights is not None:  # written (or failed): the processes waiting for it look now
+            flights.release(kind, key)
+
+    # -- one compile per graph (:mod:`cachedb.live._singleflight`) ----------------------------
+
+    @property
+    def flights(self) -> _singleflight.Flights | None:
+        """The compile claims of this store's local file (``None``: off, ``CACHEDB_COMPILE_WAIT
+        = 0``, or not an SQLite file), made on first use."""
+        db = self._db
+        if self._flights is None and not self._flights_checked and db is not None:
+            self._flights_checked = True
+            wait_s = float(settings.value_or_default("CACHEDB_COMPILE_WAIT"))
+            if wait_s > 0 and db.path is not None:
+                self._flights = _singleflight.for_database(db.path, wait_s=wait_s)
+        return self._flights
+
+    def variant_names(self, kind: str, key: str) -> set[str]:
+        """The variants of ``key`` stored in the local database (an index-only query)."""
+        def read() -> set[str]:
+            with self.db.lookup() as repos:
+                return set(repos.guarded.variant_names(kind, key))
+
+        return self.safely(f"{kind} lookup", set(), read)
+
+    def on_compile_miss(self, kind: str, key: str, seen: set[str]) -> bool:
+        """A lookup of ``kind``/``key`` found no entry whose guards held (``seen``: the variants
+        it was given) and torch is about to compile it: claim the key, or wait for the process
+        compiling it (:mod:`cachedb.live._singleflight`). True when other variants landed
+        meanwhile (the caller gives them to torch's checks); False: torch compiles."""
+        flights = self.flights
+        if flights is None:
+            return False
+
+        def landed() -> bool:
+            return bool(self.variant_names(kind, key) - seen)
+
+        remote = None
+        tier = self.remote
+        if tier is not None:
+            entry = sync.guarded(kind, key)
+            remote = _singleflight.Remote(
+                claim=lambda: tier.claim_compile(kind, key),
+                landed=lambda: self.safely("remote lookup", False, lambda: tier.landed(entry, self.db)) and landed(),
+                held=lambda: tier.compile_holder(kind, key) is not None,
+            )
+        try:
+            outcome = flights.on_miss(kind, key, landed, remote=remote)
+        except Exception as exc:  # noqa: BLE001 - never the compile's failure: compile alone
+            self.warn_once("compile claim", exc)
+            return False
+        if outcome is _singleflight.Outcome.LANDED and getattr(flights, "last_wait", None):
+            self._record_wait(*flights.last_wait)
+        return outcome is _singleflight.Outcome.LANDED
+
+    def _record_wait(self, kind: str, key: str, seconds: float, outcome: str, on: str) -> None:
+        """Count a compile this process did not run: it waited ``seconds`` for the entry
+        another process (``on``) compiled (table ``compile_waits``)."""
+        def write() -> None:
+            with self.db.write() as repos:
+                repos.compile_waits.add(kind, key, seconds=seconds, outcome=outcome, waited_on=on)
+
+        self.safely("compile wait record", None, write)
+
+    def compile_scope(self) -> Any:
+        """A compile on this thread (``_compile_fx_inner``, ``aot_module_simplified``): claims
+        it took and stored nothing for are released when it ends."""
+        self.safely("opening the database", None, lambda: self.db)  # the claims need its file
+        flights = self.flights
+        return flights.scope() if flights is not None else contextlib.nullcontext()
 
     def clear_kind(self, kind: str) -> int:
         """Delete every entry of ``kind`` (``fxgraph``, ``aotautograd``, or one of Dynamo's

@@ -6,6 +6,7 @@ it, and never commits: the transaction belongs to the caller (:meth:`cachedb.Cac
 from .artifacts import KernelArtifactRepository, KernelFile
 from .best_configs import BestConfigRepository
 from .choices import ChoiceRepository
+from .compile_claims import CompileClaimRepository, CompileWaitRepository
 from .cutlass import CutlassOpListRepository
 from .dynamo import DynamoRepository
 from .fingerprints import FingerprintRepository
@@ -17,6 +18,8 @@ __all__ = [
     "AutotuneTimingRepository",
     "BestConfigRepository",
     "ChoiceRepository",
+    "CompileClaimRepository",
+    "CompileWaitRepository",
     "CutlassOpListRepository",
     "DynamoRepository",
     "FingerprintRepository",

@@ -540,6 +540,11 @@ class GuardedEntryRepository:
         bytes freed)``."""
         return self.apply_evict(self.plan_evict(max_bytes=max_bytes, older_than=older_than))
 
+    def variant_names(self, kind: str, key: str) -> list[str]:
+        """The stored variants of ``key``, by name (read from the index alone)."""
+        return list(self.session.execute(
+            select(_G.c.variant).where(_G.c.kind == kind, _G.c.key == key)).scalars())
+
     def clear(self, kind: str) -> int:
         """Delete every variant of ``kind`` (``fxgraph`` or ``aotautograd``); returns how many."""
         _check_kind(kind)

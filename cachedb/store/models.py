@@ -210,6 +210,46 @@ class AutotuneChoice(Base):
     ed25519_signature: Mapped[Optional[str]]
 
 
+class CompileClaim(Base):
+    """A lease on one entry a process of the fleet is compiling (revision 0012): ``kind``
+    (``fxgraph`` / ``aotautograd``) and ``key`` are torch's; ``holder`` names the process
+    (``host:pid:random``), ``host`` and ``pid`` say where it runs, ``claimed_at`` when it took
+    the lease and ``beat_at`` its last heartbeat: a lease whose ``beat_at`` is older than
+    :data:`cachedb.live._singleflight.STALE_S` seconds is free to take. Used on a shared
+    database (the remote tier); one row per entry.
+    """
+
+    __table__ = tables.compile_claims
+
+    id: Mapped[int]
+    kind: Mapped[str]
+    key: Mapped[str]
+    holder: Mapped[str]
+    host: Mapped[str]
+    pid: Mapped[int]
+    claimed_at: Mapped[dt.datetime]
+    beat_at: Mapped[dt.datetime]
+
+
+class CompileWait(Base):
+    """A compile a process did not run (revision 0012): it missed ``kind``/``key``, found
+    another process compiling it (``waited_on``: ``pid N on HOST`` for a rank of the same
+    machine, the remote holder's name for another machine), waited ``seconds`` (s) and was
+    served the entry (``outcome`` ``landed``) at ``waited_at``. ``cachedb stats`` counts them
+    per kind.
+    """
+
+    __table__ = tables.compile_waits
+
+    id: Mapped[int]
+    kind: Mapped[str]
+    key: Mapped[str]
+    seconds: Mapped[float]
+    outcome: Mapped[str]
+    waited_on: Mapped[str]
+    waited_at: Mapped[dt.datetime]
+
+
 class LocalCacheValue(Base):
     """A ``LocalCache`` value (pad_mm decisions, runtime estimates, …) under its key path.
 

@@ -25,6 +25,10 @@ table                        Inductor artifact
 ``dynamo_packages``          ``dynamo/<source id>/entry`` (precompiled Dynamo packages, revision 0007)
 ``precompile_refusals``      none: a function torch could not package on a system, so that
                              precompile leaves it out at once (revision 0010)
+``compile_claims``           none: a lease on an entry one process of the fleet is compiling,
+                             on a shared database (revision 0012)
+``compile_waits``            none: a compile a process did not run, having waited for another
+                             process's entry (revision 0012)
 ===========================  ==================================================================
 
 What each column holds is documented on its typed ORM class in :mod:`cachedb.store.models`, which
@@ -209,6 +213,37 @@ autotune_choices = Table(
     _utc_timestamp("created_at"),
     Column("ed25519_signature", Text),
     UniqueConstraint("choice_hash", name="uq_autotune_choices_choice_hash"),
+)
+
+#: A lease on one entry (``kind``, ``key``: torch's key) a process of the fleet is compiling,
+#: held by ``holder`` (host, pid and a random part) and renewed by its heartbeat ``beat_at``
+#: (:mod:`cachedb.live._singleflight`; the remote tier's claims). One row per entry.
+compile_claims = Table(
+    "compile_claims",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("kind", String(32), nullable=False),
+    Column("key", String(128), nullable=False),
+    Column("holder", String(128), nullable=False),
+    Column("host", String(255), nullable=False),
+    Column("pid", Integer, nullable=False),
+    _utc_timestamp("claimed_at"),
+    _utc_timestamp("beat_at"),
+    UniqueConstraint("kind", "key", name="uq_compile_claims_kind"),
+)
+
+#: A compile a process did not run: it waited ``seconds`` for the entry another process
+#: (``waited_on``: pid and host, or the remote holder) compiled; ``outcome`` ``landed``.
+compile_waits = Table(
+    "compile_waits",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("kind", String(32), nullable=False, index=True),
+    Column("key", String(128), nullable=False),
+    Column("seconds", Float, nullable=False),
+    Column("outcome", String(16), nullable=False),
+    Column("waited_on", String(300), nullable=False),
+    _utc_timestamp("waited_at"),
 )
 
 local_cache_values = Table(
