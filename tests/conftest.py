@@ -8,6 +8,7 @@ import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import create_engine, text
@@ -143,3 +144,37 @@ def real_cache(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     cache_dir = tmp_path_factory.mktemp("inductor_cache")
     summary = build_real_cache(cache_dir)
     return cache_dir, summary
+
+
+@pytest.fixture(scope="module")
+def pgbouncer() -> Iterator[Any]:
+    """A real PgBouncer in transaction pooling mode (10 server connections per database) in
+    front of this machine's PostgreSQL; fails (does not skip) where ``pgbouncer`` is missing,
+    unless CACHEDB_TEST_NO_PGBOUNCER=1."""
+    from benchmarks._pgbouncer import PgBouncer, binary
+
+    if binary() is None:
+        if os.environ.get("CACHEDB_TEST_NO_PGBOUNCER") == "1":
+            pytest.skip("PgBouncer disabled by CACHEDB_TEST_NO_PGBOUNCER=1")
+        pytest.fail("pgbouncer is not installed (apt-get install pgbouncer; .ci/test installs it)")
+    bouncer = PgBouncer(pool_size=10)
+    try:
+        yield bouncer
+    finally:
+        bouncer.close()
+
+
+@pytest.fixture
+def database(pg_url: str) -> Iterator[str]:
+    """A fresh, empty PostgreSQL database (PgBouncer passes no ``search_path`` option, so its
+    tests get a database of their own rather than a schema), dropped afterwards."""
+    name = f"cachedb_fleet_{uuid.uuid4().hex[:10]}"
+    admin = create_engine(PG_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield name
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()

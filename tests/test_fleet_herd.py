@@ -73,41 +73,7 @@ def _with_query(url: str, **params: str) -> str:
     return u.update_query_dict(params).render_as_string(hide_password=False)
 
 
-# -- PgBouncer --------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def pgbouncer() -> Iterator[Any]:
-    """A real PgBouncer in transaction pooling mode (10 server connections per database) in
-    front of this machine's PostgreSQL; fails (does not skip) where ``pgbouncer`` is missing,
-    unless CACHEDB_TEST_NO_PGBOUNCER=1."""
-    from benchmarks._pgbouncer import PgBouncer, binary
-
-    if binary() is None:
-        if os.environ.get("CACHEDB_TEST_NO_PGBOUNCER") == "1":
-            pytest.skip("PgBouncer disabled by CACHEDB_TEST_NO_PGBOUNCER=1")
-        pytest.fail("pgbouncer is not installed (apt-get install pgbouncer; .ci/test installs it)")
-    bouncer = PgBouncer(pool_size=10)
-    try:
-        yield bouncer
-    finally:
-        bouncer.close()
-
-
-@pytest.fixture
-def database(pg_url: str) -> Iterator[str]:
-    """A fresh, empty PostgreSQL database (PgBouncer passes no ``search_path`` option, so its
-    tests get a database of their own rather than a schema), dropped afterwards."""
-    name = f"cachedb_fleet_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(PG_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield name
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+# -- PgBouncer (the fixtures `pgbouncer` and `database` are in tests/conftest.py) --------------
 
 
 def test_every_kind_goes_through_pgbouncer_in_transaction_mode(

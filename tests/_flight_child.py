@@ -1,0 +1,75 @@
+"""One compiling process of tests/test_singleflight.py: four graphs every process shares and
+one of its own, compiled cold under cachedb; prints JSON with its counters, results and the
+waits it made (seconds, why it ended, when).
+
+    python tests/_flight_child.py DB TAG [--remote URL] [--hold-for SECONDS]
+
+``--hold-for``: once this process has claimed its first graph, it says ``holding`` on stdout and
+sleeps inside the compile that many seconds (the test then kills or stops it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+
+import torch
+
+parser = argparse.ArgumentParser()
+parser.add_argument("db")
+parser.add_argument("tag")
+parser.add_argument("--remote")
+parser.add_argument("--hold-for", type=float, default=0.0)
+args = parser.parse_args()
+
+waits: list[dict[str, object]] = []
+
+
+class Waits(logging.Handler):
+    def emit(self, record: logging.LogRecord) -> None:
+        text = record.getMessage()
+        if text.startswith("cachedb: waited "):
+            waits.append({"seconds": float(text.split()[2]), "why": text.rsplit(": ", 1)[1], "ended_at": time.time()})
+
+
+logging.basicConfig(level=logging.WARNING, format="%(name)s %(levelname)s %(message)s")
+logging.getLogger().handlers[0].setLevel(logging.WARNING)
+live_log = logging.getLogger("cachedb.live")
+live_log.setLevel(logging.DEBUG)
+handler = Waits()
+handler.setLevel(logging.DEBUG)
+live_log.addHandler(handler)
+
+import cachedb  # noqa: E402
+from torch._dynamo.utils import counters  # noqa: E402
+
+cachedb.install(args.db, **({"remote": args.remote, "remote_trust": True} if args.remote else {}))
+
+if args.hold_for:
+    import torch._inductor.compile_fx as compile_fx
+
+    compile_graph = compile_fx.fx_codegen_and_compile
+
+    def held(*a: object, **k: object) -> object:  # the first graph's compile, after its claim
+        compile_fx.fx_codegen_and_compile = compile_graph
+        print("holding", flush=True)
+        time.sleep(args.hold_for)
+        return compile_graph(*a, **k)
+
+    compile_fx.fx_codegen_and_compile = held
+
+shared = [lambda x: (x.sin() * 2).cumsum(0), lambda x: x.cos().relu() + 1, lambda x: torch.tanh(x) * x,
+          lambda x: x.exp().sum()]
+scale = float(sum(map(ord, args.tag)))  # a graph of this process's own (another key)
+own = lambda x: x * scale - 1.0  # noqa: E731
+x = torch.linspace(-1, 1, 32)
+results = [torch.compile(fn)(x).tolist() for fn in shared]
+own_result = torch.compile(own)(x).tolist()
+print(json.dumps({
+    "miss": counters["inductor"]["fxgraph_cache_miss"], "hit": counters["inductor"]["fxgraph_cache_hit"],
+    "results": results, "own_ok": torch.allclose(torch.tensor(own_result), x * scale - 1.0),
+    "eager": [fn(x).tolist() for fn in shared], "waits": waits,
+}), flush=True)
