@@ -39,6 +39,7 @@ from . import (  # noqa: E402
     s11_herd,
     s12_gpt2,
     s13_ddp,
+    s14_singleflight,
 )
 from ._context import Context  # noqa: E402
 from ._report import (  # noqa: E402
@@ -56,11 +57,11 @@ from ._report import (  # noqa: E402
 SECTIONS: dict[str, object] = {
     m.NAME: m
     for m in (s1_warm_start, s2_timings, s3_best_configs, s4_guarded, s5_import, s6_concurrency, s7_disk,
-              s8_fleet, s9_startup, s10_dynamo, s11_herd, s12_gpt2, s13_ddp)
+              s8_fleet, s9_startup, s10_dynamo, s11_herd, s12_gpt2, s13_ddp, s14_singleflight)
 }
 #: Display order (§ numbers of the issue).
 ORDER = ["warm_start", "timings", "best_configs", "guarded", "import", "concurrency", "disk", "fleet", "startup",
-         "pgo", "herd", "gpt2", "ddp"]
+         "pgo", "herd", "singleflight", "gpt2", "ddp"]
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 

@@ -8,6 +8,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from ..repositories.artifacts import KernelArtifactRepository
+from ..repositories.compile_claims import CompileWaitRepository
 from ..repositories.dynamo import LABELS as DYNAMO_LABELS
 from ..repositories.dynamo import table_of
 from ..store.tables import DYNAMO_TABLES
@@ -41,7 +42,10 @@ def collect(session: Session) -> list[dict[str, Any]]:
     (``triton_kernel``, ``cpp_kernel``) count key directories; their ``bytes`` are the files'
     sizes and ``stored_bytes`` the compressed distinct blobs they use. Dynamo's caches
     (``pgo_profile``, ...) count one row per key, ``bytes`` their pickles. ``autotune_choice``
-    counts the described choices (``bytes``: their ``info_dict()`` JSON and descriptions)."""
+    counts the described choices (``bytes``: their ``info_dict()`` JSON and descriptions).
+    ``compiles_avoided:<kind>`` counts the compiles of FX graph and AOTAutograd entries a
+    process did not run, having waited for another process's (:mod:`cachedb.live._singleflight`;
+    ``bytes`` and ``stored_bytes`` 0)."""
     labels = _label(session)
     rows: list[dict[str, Any]] = []
 
@@ -102,4 +106,6 @@ def collect(session: Session) -> list[dict[str, Any]]:
             .order_by(d.c.fingerprint_id)
         ):
             add(DYNAMO_LABELS[kind], fp, n, raw, stored)
+    for kind, (n, _seconds) in sorted(CompileWaitRepository(session).avoided().items()):
+        add(f"compiles_avoided:{kind}", None, n, 0, 0)
     return rows

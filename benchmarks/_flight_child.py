@@ -1,8 +1,9 @@
-"""One compiling process of tests/test_singleflight.py: four graphs every process shares and
-one of its own, compiled cold under cachedb; prints JSON with its counters, results and the
-waits it made (seconds, why it ended, when).
+"""One compiling process of the singleflight benchmark and tests/test_singleflight.py: four
+graphs every process shares and one of its own, compiled cold under cachedb; prints JSON with
+its counters, results, the waits it made (seconds, why it ended, when) and how long its
+compiles took (s).
 
-    python tests/_flight_child.py DB TAG [--remote URL] [--hold-for SECONDS]
+    python benchmarks/_flight_child.py DB TAG [--remote URL] [--hold-for SECONDS] [--shared-only]
 
 ``--hold-for``: once this process has claimed its first graph, it says ``holding`` on stdout and
 sleeps inside the compile that many seconds (the test then kills or stops it).
@@ -23,6 +24,7 @@ parser.add_argument("db")
 parser.add_argument("tag")
 parser.add_argument("--remote")
 parser.add_argument("--hold-for", type=float, default=0.0)
+parser.add_argument("--shared-only", action="store_true", help="compile no graph of this process's own")
 args = parser.parse_args()
 
 waits: list[dict[str, object]] = []
@@ -46,7 +48,8 @@ live_log.addHandler(handler)
 import cachedb  # noqa: E402
 from torch._dynamo.utils import counters  # noqa: E402
 
-cachedb.install(args.db, **({"remote": args.remote, "remote_trust": True} if args.remote else {}))
+if args.db != "-":  # "-": torch alone, its own files
+    cachedb.install(args.db, **({"remote": args.remote, "remote_trust": True} if args.remote else {}))
 
 if args.hold_for:
     import torch._inductor.compile_fx as compile_fx
@@ -66,10 +69,12 @@ shared = [lambda x: (x.sin() * 2).cumsum(0), lambda x: x.cos().relu() + 1, lambd
 scale = float(sum(map(ord, args.tag)))  # a graph of this process's own (another key)
 own = lambda x: x * scale - 1.0  # noqa: E731
 x = torch.linspace(-1, 1, 32)
+started = time.perf_counter()
 results = [torch.compile(fn)(x).tolist() for fn in shared]
-own_result = torch.compile(own)(x).tolist()
+own_result = (x * scale - 1.0).tolist() if args.shared_only else torch.compile(own)(x).tolist()
+seconds = time.perf_counter() - started
 print(json.dumps({
     "miss": counters["inductor"]["fxgraph_cache_miss"], "hit": counters["inductor"]["fxgraph_cache_hit"],
     "results": results, "own_ok": torch.allclose(torch.tensor(own_result), x * scale - 1.0),
-    "eager": [fn(x).tolist() for fn in shared], "waits": waits,
+    "eager": [fn(x).tolist() for fn in shared], "waits": waits, "seconds": seconds,
 }), flush=True)
