@@ -158,7 +158,9 @@ def test_views_and_documented_queries_answer_in_words(db: CacheDB) -> None:
         assert (h100["runner_up_name"], h100["runner_up_ms"]) == ("triton_mm_4", 0.58)
         assert (h200["choice_name"], h200["runner_up_name"], h200["runner_up_ms"]) == ("triton_mm_4", "triton_mm_3",
                                                                                        0.47)
-        assert db.revision() == "0011"
+        from cachedb.store.migrate import HEAD_REVISION
+
+        assert db.revision() == HEAD_REVISION
         by_winner, across = ([dict(r) for r in conn.execute(text(q)).mappings()] for q in _documented_queries())
     assert [(r["device_name"], r["winner"], r["backend"], r["num_warps"]) for r in by_winner] == [
         ("NVIDIA H100 80GB HBM3", "triton_mm_3", "Triton", 8), ("NVIDIA H200", "triton_mm_4", "Triton", 4)]

@@ -179,6 +179,19 @@ TABLES: dict[str, dict[str, Any]] = {
                     "hit_count": "processes served", "updated_at": "the newer of two refusals of a key wins"},
         "units": {"size_bytes": _BYTES},
     },
+    "compile_claims": {
+        "description": "Leases on entries one process of the fleet is compiling (a shared database's): the "
+                       "others wait for the entry instead of compiling it too; a lease not renewed for 5 s is "
+                       "free to take.",
+        "columns": {"holder": "host:pid:random of the process compiling", "beat_at": "its last heartbeat"},
+    },
+    "compile_waits": {
+        "description": "Compiles a process did not run: it waited for the entry another process compiled "
+                       "(cachedb stats: compiles_avoided).",
+        "columns": {"seconds": "seconds it waited", "waited_on": "the process it waited for",
+                    "outcome": "landed: served the entry"},
+        "units": {"seconds": "s"},
+    },
     "row_origins": {
         "description": "In a machine's file: the rows that crossed in from another database (a remote tier's "
                        "pull, copy/merge --require-signed) and who vouched for them.",
