@@ -9,6 +9,10 @@ import sys
 from pathlib import Path
 
 BUILDER = Path(__file__).resolve().parents[1] / "examples" / "build_cache.py"
+#: The Inductor cache kinds a compile under cachedb leaves no files of in its cache dir.
+CACHE_KINDS = ("fxgraph", "aotautograd", "cache")
+#: The ``TMPDIR`` of :func:`build_live_cache`'s runs: the machine that compiled, then a fresh one.
+MACHINES = ("machine-a-tmp", "machine-b-tmp")
 
 #: The builder takes ~30 s cold on 2 cores; leave ample room on slow machines.
 TIMEOUT_S = 900
@@ -41,3 +45,48 @@ def build_real_cache(cache_dir: Path) -> dict:
     if not isinstance(summary, dict):
         raise RuntimeError(f"{BUILDER.name}: summary is not a JSON object")
     return summary
+
+
+def cachedb_run(db: Path, cache_dir: Path, machine_tmp: Path | None = None, **env_extra: str) -> dict:
+    """``cachedb --db DB run -- python examples/build_cache.py CACHE_DIR --json``;
+    ``machine_tmp``: the process's ``TMPDIR``, where torch keeps what lives outside the cache
+    directory (``default_cache_dir()``: the C++ precompiled headers), as on its own machine.
+    With ``PYTHONPROFILEIMPORTTIME=1`` in ``env_extra``, the summary's ``"imported"`` lists
+    every module that a process of the run (the CLI, the program, the processes it starts
+    that share its stderr) imported."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CACHEDB_")}
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir)
+    if machine_tmp is not None:
+        machine_tmp.mkdir(parents=True, exist_ok=True)
+        env["TMPDIR"] = str(machine_tmp)
+    env.update(env_extra)
+    proc = subprocess.run(
+        [sys.executable, "-m", "cachedb", "--db", str(db), "run", "--",
+         sys.executable, str(BUILDER), str(cache_dir), "--json"],
+        capture_output=True, text=True, env=env, timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    if env_extra.get("PYTHONPROFILEIMPORTTIME"):
+        summary["imported"] = sorted({line.rsplit("|", 1)[1].strip() for line in proc.stderr.splitlines()
+                                      if line.startswith("import time:") and line.count("|") == 2})
+    return summary
+
+
+def leftovers(cache_dir: Path) -> list[str]:
+    found = [k for k in CACHE_KINDS if (cache_dir / k).exists()]
+    found += [p.relative_to(cache_dir).as_posix() for p in cache_dir.rglob("*.best_config")]
+    return found
+
+
+def build_live_cache(root: Path) -> tuple[Path, dict, dict]:
+    """A database filled by one ``cachedb run`` of examples/build_cache.py (cold, its own cache
+    dir and ``TMPDIR``), then a second run on a new, empty cache dir and ``TMPDIR`` (a fresh
+    machine, :data:`MACHINES`): ``(db path, cold summary, warm summary)``, each summary with the
+    modules its processes imported. Neither run leaves cache files in its directory."""
+    db = root / "cache.db"
+    cold = cachedb_run(db, root / "cold", root / MACHINES[0], PYTHONPROFILEIMPORTTIME="1")
+    assert leftovers(root / "cold") == []
+    warm = cachedb_run(db, root / "warm", root / MACHINES[1], PYTHONPROFILEIMPORTTIME="1")
+    assert leftovers(root / "warm") == []
+    return db, cold, warm

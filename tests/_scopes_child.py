@@ -28,9 +28,15 @@ KEYS = ("fxgraph_cache_hit", "fxgraph_cache_miss")
 CHILD = """
 import sys, torch
 from torch._dynamo.utils import counters
-torch.compile(lambda x: x.cos() * 3 - 1)(torch.ones(6))
+def h(x):
+    return x.cos() * 3 - 1
+torch.compile(h)(torch.ones(6))
 print(counters["inductor"]["fxgraph_cache_hit"], counters["inductor"]["fxgraph_cache_miss"])
 """
+
+
+def h(x):  # the children's function (the same graph, the same key)
+    return x.cos() * 3 - 1
 
 
 def compiled(fn, *args):
@@ -62,7 +68,7 @@ report: dict[str, object] = {}
 
 # A fresh block serves nothing stored before it, and what it compiles inside it.
 report["outside"] = compiled(f, x)[0]
-report["child outside"] = child()
+report["h outside"] = compiled(h, torch.ones(6))[0]  # what a child given another dir must not see
 with fresh_inductor_cache():
     report["fresh: first"] = compiled(f, x)[0]
     report["fresh: again"] = compiled(f, x)[0]
@@ -77,7 +83,7 @@ report["after fresh"] = compiled(f, x)[0]
 kept_parent = tempfile.mkdtemp()
 with fresh_cache(dir=kept_parent, delete=False):
     kept = os.environ["TORCHINDUCTOR_CACHE_DIR"]
-    report["kept: first"] = child()
+    report["kept: first"] = compiled(h, torch.ones(6))[0]
 report["kept dir exists"] = os.path.isdir(kept)
 outer = os.environ["TORCHINDUCTOR_CACHE_DIR"]
 os.environ["TORCHINDUCTOR_CACHE_DIR"] = kept
@@ -116,12 +122,14 @@ def capture(fn):
 
 
 root = tempfile.mkdtemp()
-for fmt in ("binary", "unpacked"):
-    path = os.path.join(root, fmt if fmt == "unpacked" else "artifact.bin")
+paths = {"binary": os.path.join(root, "artifact.bin"), "unpacked": os.path.join(root, "unpacked")}
+with fresh_cache():
+    gm, args = capture(g)
+    artifact = torch._inductor.standalone_compile(gm, args)
+    for fmt, path in paths.items():
+        artifact.save(path=path, format=fmt)
+for fmt, path in paths.items():
     counters.clear()
-    with fresh_cache():
-        gm, args = capture(g)
-        torch._inductor.standalone_compile(gm, args).save(path=path, format=fmt)
     saved = sorted(os.listdir(path)) if fmt == "unpacked" else os.path.getsize(path) > 0
     with fresh_cache():
         loaded = torch._inductor.CompiledArtifact.load(path=path, format=fmt)

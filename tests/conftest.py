@@ -134,16 +134,54 @@ def sqlite_db(tmp_path: Path) -> Iterator[CacheDB]:
         database.close()
 
 
+def _built_once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Any) -> Any:
+    """``build(directory)`` run once per test run, its JSON-able result shared by every xdist
+    worker (the first to get ``<run's base temp>/name.lock`` builds; the others read what it
+    left). Tests read what it built and never change it (they copy it first)."""
+    import json
+
+    from filelock import FileLock
+
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # shared by the workers of this run
+    target, done = root / name, root / f"{name}.json"
+    with FileLock(str(root / f"{name}.lock")):
+        if not done.exists():
+            target.mkdir(exist_ok=True)
+            done.write_text(json.dumps(build(target)))
+        return json.loads(done.read_text())
+
+
 @pytest.fixture(scope="session")
 def real_cache(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
-    """A real Inductor cache directory built by torch 2.13 (examples/build_cache.py, run in
-    a subprocess), and the builder's JSON summary. Built once per test session."""
+    """A real Inductor cache directory built by torch alone (examples/build_cache.py, run in a
+    subprocess), and the builder's JSON summary. Built once per test run (every worker
+    shares it)."""
     pytest.importorskip("torch")
     from ._realcache import build_real_cache
 
-    cache_dir = tmp_path_factory.mktemp("inductor_cache")
-    summary = build_real_cache(cache_dir)
-    return cache_dir, summary
+    def build(target: Path) -> list[Any]:
+        return [str(target / "inductor"), build_real_cache(target / "inductor")]
+
+    cache_dir, summary = _built_once(tmp_path_factory, "real_cache", build)
+    return Path(cache_dir), summary
+
+
+@pytest.fixture(scope="session")
+def live_cache(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, dict]:
+    """The same workloads compiled under ``cachedb run`` into a database, then run again on a
+    fresh machine's empty cache dir (tests/_realcache.py ``build_live_cache``): ``(db path, cold
+    summary, warm summary)``. Built once per test run (every worker shares it)."""
+    pytest.importorskip("torch")
+    from ._realcache import build_live_cache
+
+    def build(target: Path) -> list[Any]:
+        db, cold, warm = build_live_cache(target)
+        return [str(db), cold, warm]
+
+    db, cold, warm = _built_once(tmp_path_factory, "live_cache", build)
+    return Path(db), cold, warm
 
 
 @pytest.fixture(scope="module")

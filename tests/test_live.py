@@ -16,59 +16,19 @@ from sqlalchemy import text
 
 from cachedb import CacheDB
 
+from ._realcache import MACHINES
+from ._realcache import cachedb_run as _cachedb_run
+
 torch = pytest.importorskip("torch")
 
 ROOT = Path(__file__).resolve().parents[1]
 BUILDER = ROOT / "examples" / "build_cache.py"
-CACHE_KINDS = ("fxgraph", "aotautograd", "cache")
-#: The ``TMPDIR`` of the :func:`warm_db` runs: the machine that compiled, then a fresh one.
-MACHINES = ("machine-a-tmp", "machine-b-tmp")
-
-
-def _cachedb_run(db: Path, cache_dir: Path, machine_tmp: Path | None = None, **env_extra: str) -> dict:
-    """``cachedb --db DB run -- python examples/build_cache.py CACHE_DIR --json``;
-    ``machine_tmp``: the process's ``TMPDIR``, where torch keeps what lives outside the cache
-    directory (``default_cache_dir()``: the C++ precompiled headers), as on its own machine.
-    With ``PYTHONPROFILEIMPORTTIME=1`` in ``env_extra``, the summary's ``"imported"`` lists
-    every module that a process of the run (the CLI, the program, the processes it starts
-    that share its stderr) imported."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CACHEDB_")}
-    env["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir)
-    if machine_tmp is not None:
-        machine_tmp.mkdir(parents=True, exist_ok=True)
-        env["TMPDIR"] = str(machine_tmp)
-    env.update(env_extra)
-    proc = subprocess.run(
-        [sys.executable, "-m", "cachedb", "--db", str(db), "run", "--",
-         sys.executable, str(BUILDER), str(cache_dir), "--json"],
-        capture_output=True, text=True, env=env, timeout=900,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    summary = json.loads(proc.stdout.strip().splitlines()[-1])
-    if env_extra.get("PYTHONPROFILEIMPORTTIME"):
-        summary["imported"] = sorted({line.rsplit("|", 1)[1].strip() for line in proc.stderr.splitlines()
-                                      if line.startswith("import time:") and line.count("|") == 2})
-    return summary
-
-
-def _leftovers(cache_dir: Path) -> list[str]:
-    found = [k for k in CACHE_KINDS if (cache_dir / k).exists()]
-    found += [p.relative_to(cache_dir).as_posix() for p in cache_dir.rglob("*.best_config")]
-    return found
 
 
 @pytest.fixture(scope="module")
-def warm_db(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, dict]:
-    """A DB filled by one ``cachedb run`` of the workloads, then a second run on a new,
-    empty cache dir and temporary directory (a fresh machine, :data:`MACHINES`). Returns
-    (db path, cold summary, warm summary)."""
-    root = tmp_path_factory.mktemp("live")
-    db = root / "cache.db"
-    cold = _cachedb_run(db, root / "cold", root / MACHINES[0], PYTHONPROFILEIMPORTTIME="1")
-    assert _leftovers(root / "cold") == []
-    warm = _cachedb_run(db, root / "warm", root / MACHINES[1], PYTHONPROFILEIMPORTTIME="1")
-    assert _leftovers(root / "warm") == []
-    return db, cold, warm
+def warm_db(live_cache: tuple[Path, dict, dict]) -> tuple[Path, dict, dict]:
+    """The session's :func:`~tests.conftest.live_cache`: (db path, cold summary, warm summary)."""
+    return live_cache
 
 
 @pytest.mark.slow

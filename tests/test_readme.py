@@ -58,10 +58,25 @@ def test_every_bash_block_parses_and_names_scripts_that_exist() -> None:
 
 @pytest.mark.slow
 @pytest.mark.torch
-def test_the_runnable_blocks_run_as_written(tmp_path: Path) -> None:
+def test_the_runnable_blocks_run_as_written(tmp_path: Path, real_cache: tuple[Path, dict],
+                                            live_cache: tuple[Path, dict, dict]) -> None:
+    """The blocks run on the session's compiles: ``inductor/`` starts as a copy of the cache
+    dir examples/build_cache.py made with torch alone, and ``cache.db`` as a copy of the
+    database it filled under ``cachedb run``, so the README's compiles run warm (what they
+    print and store is checked below, as after cold ones)."""
+    import shutil
+    import sqlite3
+
     pytest.importorskip("torch")
     work = tmp_path / "clone"
     work.mkdir()
+    shutil.copytree(real_cache[0], work / "inductor")
+    source, target = sqlite3.connect(live_cache[0]), sqlite3.connect(work / "cache.db")
+    try:
+        source.backup(target)
+    finally:
+        target.close()
+        source.close()
     (work / "examples").symlink_to(REPO_ROOT / "examples", target_is_directory=True)
     (tmp_path / "tmp").mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CACHEDB_", "TORCHINDUCTOR_", "TRITON_CACHE"))}

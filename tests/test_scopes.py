@@ -53,13 +53,13 @@ def test_every_case_counts_as_with_torch_alone(reports: tuple[dict, dict, Path])
     alone, under, _ = reports
     assert under == alone
     # and torch alone does what these cases say (hits, misses)
-    assert alone["fresh: first"] == [0, 1] and alone["fresh: again"] == [1, 0]
+    assert alone["h outside"] == [0, 1] and alone["fresh: first"] == [0, 1] and alone["fresh: again"] == [1, 0]
     assert alone["fresh: child"] == [0, 1] and alone["fresh: second child"] == [1, 0]
     assert alone["fresh: child elsewhere"] == [0, 1] and alone["fresh: child elsewhere again"] == [1, 0]
     assert alone["after fresh"] == [1, 0]
     assert alone["kept: child there"] == [1, 0]
     assert alone["k: again"] == [1, 0] and alone["k: after clear"] == [0, 1]
-    assert alone["standalone unpacked"][0][-2:] == ["aotautograd", "fxgraph"]
+    assert {"aotautograd", "fxgraph"} <= set(alone["standalone unpacked"][0])  # and its kernels' dirs
     assert alone["standalone binary"][1:] == [True, 1] and alone["standalone unpacked"][1:] == [True, 1]
 
 
