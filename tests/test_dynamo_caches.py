@@ -369,7 +369,64 @@ def test_live_store_pushes_to_and_pulls_from_the_remote_tier(tmp_path: Path, pg_
 # -- real torch.compile -----------------------------------------------------------------------------
 
 
+#: ``(cache dir, database)`` holding the workloads' FX graphs, AOTAutograd entries and kernels and
+#: nothing of Dynamo's own (:func:`dynamo_seed`), or ``None`` before it is built.
+_SEED: list[Path] | None = None
+#: Every flag of tests/_dynamo_child.py that adds a workload.
+_WORKLOADS = ("--unpackageable", "--late-class", "--guard-assert")
+
+
+def _seed_new(mode: str, cache_dir: Path, args: tuple[str, ...]) -> None:
+    """A cache dir or database the child is the first to use starts with :data:`_SEED`'s
+    Inductor entries: these tests are about PGO profiles and Dynamo packages, which the seed has
+    none of; the C++ compiles of the FX graphs beneath them (~10 s a process) add nothing."""
+    import shutil
+
+    if _SEED is None:
+        return
+    if mode == "files" and not cache_dir.exists():
+        shutil.copytree(_SEED[0], cache_dir)
+    elif mode == "cachedb" and "--db" in args:
+        db = Path(args[args.index("--db") + 1])
+        if not db.exists():
+            shutil.copy(_SEED[1], db)
+
+
+def _build_seed(root: Path) -> list[str]:
+    files, db = root / "files", root / "cache.db"
+    for mode, extra in (("files", ()), ("cachedb", ("--db", str(db)))):
+        proc = _run_child(mode, files if mode == "files" else root / "dir", *extra, *_WORKLOADS)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+    import shutil
+
+    shutil.rmtree(files / "dynamo")  # the PGO profile (precompile was off: no packages)
+    with CacheDB(db) as database, database.engine.begin() as conn:
+        for table in ("pgo_profiles", "dynamo_packages", "precompile_refusals"):
+            conn.execute(text(f"DELETE FROM {table}"))  # noqa: S608 - the names above
+    return [str(files), str(db)]
+
+
+@pytest.fixture(scope="session")
+def dynamo_seed(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """The workloads compiled once per test run by torch alone into a cache dir and by cachedb
+    into a database, Dynamo's own caches removed from both: what :func:`_seed_new` starts each
+    child's new cache dir or database with."""
+    global _SEED
+    pytest.importorskip("torch")
+    from .conftest import _built_once
+
+    _SEED = [Path(p) for p in _built_once(tmp_path_factory, "dynamo_seed", _build_seed)]
+    return _SEED
+
+
+@pytest.fixture(autouse=True)
+def _seeded(request: pytest.FixtureRequest) -> None:
+    if request.node.get_closest_marker("slow") is not None:
+        request.getfixturevalue("dynamo_seed")
+
+
 def _run_child(mode: str, cache_dir: Path, *args: str, **env_extra: str) -> subprocess.CompletedProcess[str]:
+    _seed_new(mode, cache_dir, args)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CACHEDB_", "TORCH_"))}
     env.update(TORCHINDUCTOR_CACHE_DIR=str(cache_dir), TORCHINDUCTOR_COMPILE_THREADS="1",
                TORCH_COMPILE_JOB_ID="job1", PYTHONPATH=str(ROOT), **env_extra)
@@ -390,7 +447,7 @@ def _cachedb_lines(stderr: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def pgo_runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
+def pgo_runs(tmp_path_factory: pytest.TempPathFactory, dynamo_seed: list[Path]) -> dict:
     """Warm local files against a fresh cache dir served by cachedb, PGO on (job id set)."""
     pytest.importorskip("torch")
     root = tmp_path_factory.mktemp("pgo")
@@ -445,7 +502,7 @@ def test_a_damaged_profile_is_quarantined_and_the_compile_goes_on(pgo_runs: dict
 
 
 @pytest.fixture(scope="module")
-def precompile_runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
+def precompile_runs(tmp_path_factory: pytest.TempPathFactory, dynamo_seed: list[Path]) -> dict:
     """Warm local files (torch alone: ``TORCH_CACHING_PRECOMPILE=1`` and an explicit
     ``save_cache_artifacts()``) against a fresh cache dir served by cachedb
     (``install(precompile=True)``, no save call: cachedb saves at exit); PGO on as well."""
@@ -557,6 +614,8 @@ def test_cachedb_run_serves_both_with_torch_s_own_switches(tmp_path: Path) -> No
     pytest.importorskip("torch")
     db = tmp_path / "cache.db"
 
+    _seed_new("cachedb", tmp_path / "cold", ("--db", str(db)))
+
     def run(cache_dir: Path) -> dict:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("CACHEDB_", "TORCH_"))}
         env.update(TORCHINDUCTOR_CACHE_DIR=str(cache_dir), TORCHINDUCTOR_COMPILE_THREADS="1",
@@ -584,7 +643,7 @@ UNPACKAGEABLE, LATE_CLASS = "__main__._Model.forward", "__main__._scaled"
 
 
 @pytest.fixture(scope="module")
-def fallback_runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
+def fallback_runs(tmp_path_factory: pytest.TempPathFactory, dynamo_seed: list[Path]) -> dict:
     """The workloads plus ``--unpackageable`` and ``--late-class``: with cachedb, precompile off
     (the frames to match) and on (cold, then warm from the same database)."""
     pytest.importorskip("torch")
@@ -722,6 +781,7 @@ def test_cachedb_run_with_torch_s_switch_falls_back_too(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CACHEDB_", "TORCH_"))}
     env.update(TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "dir"), TORCHINDUCTOR_COMPILE_THREADS="1",
                TORCH_CACHING_PRECOMPILE="1")
+    _seed_new("cachedb", tmp_path / "dir", ("--db", str(tmp_path / "cache.db")))
     proc = subprocess.run([sys.executable, "-m", "cachedb", "--db", str(tmp_path / "cache.db"), "run", "--",
                            sys.executable, str(CHILD), "files", "--unpackageable"], capture_output=True, text=True,
                           env=env, timeout=900, cwd=ROOT)
