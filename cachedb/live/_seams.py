@@ -484,17 +484,28 @@ def _cutlass_patches(store: LiveStore, cache: Any, gemm_mod: str, utils_mod: str
     original = getattr(cache, "maybe_fetch_ops", None)
     if original is None:
         raise SeamMissingError(f"torch seam missing: {cache_mod}.maybe_fetch_ops")
-    _function(cache, "maybe_fetch_ops", ("device_type",))
+    # torch >= 2.12 asks per device (``maybe_fetch_ops(device_type)``); 2.9-2.11 for CUDA only
+    # (``maybe_fetch_ops()``, the arch and version from ``cuda_env``)
+    per_device = _scopes.parameters(inspect.getattr_static(cache, "maybe_fetch_ops")) != ()
+    if per_device:
+        _function(cache, "maybe_fetch_ops", ("device_type",))
     original_fn = getattr(original, "__wrapped__", original)
 
     from torch._inductor.utils import clear_on_fresh_cache
 
-    def maybe_fetch_ops(device_type: str) -> list[Any] | None:
+    def fetch(device_type: str) -> list[Any] | None:
         """Mirrors ``maybe_fetch_ops`` (torch/_inductor/codegen/cutlass/cache.py), reading the
         op list from the database first, then from the file as torch does."""
         if store.closed or route(store) is None:  # uninstalled (gemm_template kept this function), or files serve
-            return original(device_type=device_type)  # type: ignore[no-any-return]
+            return original(device_type=device_type) if per_device else original()  # type: ignore[no-any-return]
         return cached_fetch(device_type)
+
+    if per_device:
+        maybe_fetch_ops = fetch
+    else:
+        def maybe_fetch_ops() -> list[Any] | None:  # type: ignore[misc]
+            """Mirrors torch 2.9-2.11's ``maybe_fetch_ops()`` (CUDA only); as :func:`fetch`."""
+            return fetch("cuda")
 
     @clear_on_fresh_cache
     @functools.cache
@@ -509,10 +520,11 @@ def _cutlass_patches(store: LiveStore, cache: Any, gemm_mod: str, utils_mod: str
             if served is None:
                 return None
             utils = importlib.import_module(utils_mod)
-            arch = utils.cutlass_arch(device_type)
-            version = utils.toolkit_version(device_type) if hasattr(utils, "toolkit_version") else None
-            if version is None:  # torch 2.9/2.10
-                version = utils.get_cuda_version() if hasattr(utils, "get_cuda_version") else None
+            if per_device:
+                arch = utils.cutlass_arch(device_type)
+                version = utils.toolkit_version(device_type) if hasattr(utils, "toolkit_version") else None
+            else:  # torch 2.9-2.11: what its maybe_fetch_ops reads
+                arch, version = cache.get_cuda_arch(), cache.get_cuda_version()
             if device_type == "cuda" and version:
                 version = ".".join(str(version).split(".")[:2])
             level = getattr(config, config_ns).cutlass_instantiation_level
@@ -526,7 +538,9 @@ def _cutlass_patches(store: LiveStore, cache: Any, gemm_mod: str, utils_mod: str
             return [serializer.deserialize(x) for x in serialized]
 
         ops = store.safely("CUTLASS op list lookup", None, from_db)
-        return ops if ops is not None else original_fn(device_type=device_type)
+        if ops is not None:
+            return ops
+        return original_fn(device_type=device_type) if per_device else original_fn()
 
     maybe_fetch_ops.cache_clear = cached_fetch.cache_clear  # type: ignore[attr-defined]
     patches = [_Patch(cache, "maybe_fetch_ops", maybe_fetch_ops)]
