@@ -54,5 +54,8 @@ step("function", g, torch.randn(64))
 step("dynamo_config", f, torch.randn(64), dynamic=None,
      patch=lambda: torch._dynamo.config.patch(assume_static_by_default=False))
 step("hit", f, torch.randn(64))
+active_store().flush_hits()
+res = CliRunner().invoke(main, ["--db", db_path, "stats", "--format", "json"])
+report.append({"step": "stats", "rows": json.loads(res.stdout)})
 with open(out_path, "w") as fh:
     json.dump(report, fh, indent=1, default=str)

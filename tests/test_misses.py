@@ -1,5 +1,5 @@
 """Every miss explained: the factors of FX graph keys kept with their entries, each miss in a
-bounded log, ``cachedb misses`` naming the factors that differ.
+bounded log, ``cachedb misses`` naming the factors that differ, and ``stats``' seconds saved.
 
 One child process (tests/_misses_child.py) compiles, under cachedb, a function and then one
 perturbation of it after another (real ``torch.compile``, CPU), asking ``cachedb misses``
@@ -104,6 +104,21 @@ def test_table_output_in_words(run) -> None:
     assert res.exit_code == 0, res.output
     assert "inductor_config.max_autotune_pointwise: False -> True" in res.stdout
     assert "example_inputs[0]: float32[64] -> float64[64]" in res.stdout
+
+
+def test_seconds_saved_is_compile_time_times_hits(run) -> None:
+    rows = {r["kind"]: r for r in run[0]["stats"]["rows"]}
+    db = CacheDB(str(run[1]))
+    try:
+        with db.engine.connect() as conn:
+            want = {k: n / 1e9 for k, n in conn.execute(text(
+                "SELECT kind, sum(coalesce(time_taken_ns, 0) * hit_count) FROM guarded_entries GROUP BY kind"))}
+    finally:
+        db.close()
+    assert want["aotautograd"] > 0  # the last step hit the first step's entries
+    for kind in ("fxgraph", "aotautograd"):
+        assert rows[kind]["seconds_saved"] == pytest.approx(want[kind], abs=1e-3)
+    assert rows["total"]["seconds_saved"] == pytest.approx(sum(want.values()), abs=2e-3)
 
 
 def test_factors_stored_compactly_and_cleared_with_their_entries(run, tmp_path: Path) -> None:
