@@ -34,10 +34,16 @@ def g(x):
     return torch.cos(x) * 2 + 1
 
 
-def step(name, fn, x, *, dynamic=False, patch=contextlib.nullcontext):
+def k(x, val):
+    if val > 5:  # a guard on the size val, the same graph either way
+        return x.sin() + val
+    return x.sin() + val
+
+
+def step(name, fn, *args, dynamic=False, patch=contextlib.nullcontext):
     torch._dynamo.reset()
     with patch():
-        torch.compile(fn, dynamic=dynamic)(x)
+        torch.compile(fn, dynamic=dynamic)(*args)
     active_store().flush()
     res = CliRunner().invoke(main, ["--db", db_path, "misses", "-n", "1", "--format", "json"])
     assert res.exit_code == 0, res.output
@@ -54,6 +60,8 @@ step("function", g, torch.randn(64))
 step("dynamo_config", f, torch.randn(64), dynamic=None,
      patch=lambda: torch._dynamo.config.patch(assume_static_by_default=False))
 step("hit", f, torch.randn(64))
+step("guard_base", k, torch.ones(2), 6, dynamic=True)
+step("guard", k, torch.ones(2), 4, dynamic=True)
 active_store().flush_hits()
 res = CliRunner().invoke(main, ["--db", db_path, "stats", "--format", "json"])
 report.append({"step": "stats", "rows": json.loads(res.stdout)})

@@ -95,12 +95,22 @@ def test_dynamo_config_names_the_graph_and_its_symbolic_inputs(run) -> None:
     assert wanted["example_inputs[1]"].startswith("float32[s")
 
 
+def test_a_guard_failing_on_a_dynamic_size(run) -> None:
+    """The same graph for ``val`` 6 and 4 (one key), stored with the guard ``6 <= val``: the
+    second lookup finds the key and its guards fail."""
+    miss = _only(run[0], "guard")
+    assert miss["key"] == _only(run[0], "guard_base")["key"]
+    assert (miss["outcome"], miss["nearest"], miss["differs"]) == ("guards_failed", miss["key"], [])
+    (guards,) = miss["guards"]
+    assert "6 <= " in guards
+
+
 def test_a_hit_records_no_miss(run) -> None:
     assert run[0]["hit"]["misses"] == run[0]["dynamo_config"]["misses"]
 
 
 def test_table_output_in_words(run) -> None:
-    res = CliRunner().invoke(main, ["--db", str(run[1]), "misses", "-n", "6"], env={"COLUMNS": "400"})
+    res = CliRunner().invoke(main, ["--db", str(run[1]), "misses", "-n", "20"], env={"COLUMNS": "400"})
     assert res.exit_code == 0, res.output
     assert "inductor_config.max_autotune_pointwise: False -> True" in res.stdout
     assert "example_inputs[0]: float32[64] -> float64[64]" in res.stdout
@@ -133,7 +143,7 @@ def test_factors_stored_compactly_and_cleared_with_their_entries(run, tmp_path: 
             dtypes = set(conn.execute(text(
                 "SELECT f.value FROM entry_factors e, json_each(e.factor_ids) j JOIN key_factors f ON f.id = j.value "
                 "WHERE e.kind = 'fxgraph' AND f.factor = 'example_inputs[0]'")).scalars())
-        assert entries == 6 and shared < 2 * 600  # ~600 factors a key, nearly all shared
+        assert entries == 7 and shared < 2 * 600  # ~600 factors a key, nearly all shared
         assert {"float32[64]", "float64[64]", "float32[32]"} <= dtypes
         with db.transaction() as repos:
             repos.guarded.clear("fxgraph")
@@ -143,7 +153,8 @@ def test_factors_stored_compactly_and_cleared_with_their_entries(run, tmp_path: 
         db.close()
     res = CliRunner().invoke(main, ["--db", str(path), "misses", "--format", "json"])
     assert res.exit_code == 0, res.output
-    assert all(m["nearest"] is None for m in json.loads(res.stdout))  # no stored entry has factors left
+    # no stored entry has factors left (a guard miss names its own key, whose guards failed)
+    assert all(m["nearest"] is None for m in json.loads(res.stdout) if m["outcome"] != "guards_failed")
 
 
 def test_csv_output(run) -> None:

@@ -455,7 +455,7 @@ def misses(obj: _Context, limit: int, kind: str | None, fmt: str) -> None:
     A live process records each FX graph lookup that misses (no entry, guards failed, or a
     bypass), the newest CACHEDB_MISS_LOG (1000) per database. --format json gives per miss:
     kind, key, outcome, nearest (a key or null) and differs (a list of {factor, stored,
-    wanted}).
+    wanted}); a guards_failed miss also gives guards, the stored guard expressions that failed.
 
     \b
     Example:
@@ -472,6 +472,7 @@ def misses(obj: _Context, limit: int, kind: str | None, fmt: str) -> None:
             "missed_at": r["missed_at"].strftime("%Y-%m-%d %H:%M:%S") if table else r["missed_at"],
             "kind": r["kind"], "key": r["key"][:12] if table else r["key"], "outcome": r["outcome"],
             "nearest": (r["nearest"] or "")[:12] if table else r["nearest"],
-            "differs": words(r["differs"], sep="\n" if table else "; ") or r["reason"],
+            "differs": words(r["differs"], sep="\n" if table else "; ") or r["reason"]
+            or ("guards failed: " + " | ".join(r.get("guards") or []) if r["outcome"] == "guards_failed" else ""),
         } for r in rows]
     emit(rows, _columns(rows, COLUMNS), fmt)

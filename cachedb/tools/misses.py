@@ -28,7 +28,8 @@ def explain(session: Any, *, limit: int = 20, kind: str | None = None) -> list[d
     often equal the wanted ones; the key itself for ``guards_failed``; ``None`` when no stored entry has factors),
     ``differs`` (a list of ``{factor, stored, wanted}``: the factors whose hashes differ, or
     that one side lacks, ``None`` for that side) and, for ``guards_failed``, ``guards`` (the
-    stored variants' guard expressions, which all failed)."""
+    guard expressions of the variants stored before the miss, which all failed: torch's
+    ``guards_expr``, e.g. ``6 <= L['t0']``)."""
     misses = MissLogRepository(session).recent(limit, kind)
     factors = KeyFactorRepository(session)
     stored_by_kind: dict[str, dict[str, dict[str, tuple[str, str]]]] = {}
@@ -39,8 +40,9 @@ def explain(session: Any, *, limit: int = 20, kind: str | None = None) -> list[d
         wanted = miss["factors"]
         if miss["outcome"] == "guards_failed":
             row["nearest"] = miss["key"]
-            row["guards"] = [g for g in session.execute(select(_G.c.guards_expr).where(
-                _G.c.kind == miss["kind"], _G.c.key == miss["key"])).scalars() if g]
+            row["guards"] = [g for g, at in session.execute(select(_G.c.guards_expr, _G.c.created_at).where(
+                _G.c.kind == miss["kind"], _G.c.key == miss["key"]).order_by(_G.c.created_at))
+                if g and _naive(at) <= _naive(miss["missed_at"])]
         elif wanted:
             stored = stored_by_kind.get(miss["kind"])
             if stored is None:
