@@ -28,6 +28,8 @@ from .repositories import (
     BestConfigRepository,
     CompileClaimRepository,
     CompileWaitRepository,
+    KeyFactorRepository,
+    MissLogRepository,
     ChoiceRepository,
     CutlassOpListRepository,
     DynamoRepository,
@@ -154,6 +156,16 @@ class Repos:
     def compile_waits(self) -> CompileWaitRepository:
         """The compiles this database's processes did not run, having waited for another's."""
         return CompileWaitRepository(self.bind)
+
+    @property
+    def key_factors(self) -> KeyFactorRepository:
+        """What torch hashed into each entry's key, factor by factor (``entry_factors``)."""
+        return KeyFactorRepository(self.bind)
+
+    @property
+    def misses(self) -> MissLogRepository:
+        """The newest lookups that missed (``cache_misses``)."""
+        return MissLogRepository(self.bind)
 
     @property
     def cutlass(self) -> CutlassOpListRepository:

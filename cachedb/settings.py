@@ -110,6 +110,9 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
     Variable("CACHEDB_COMPILE_WAIT", _SECONDS, _seconds(0.0), 600.0,
              "seconds a process that misses an entry another process is compiling waits for it "
              "before it compiles it too (0: never waits)"),
+    Variable("CACHEDB_MISS_LOG", "an integer >= 0", _integer(0), 1000,
+             "lookups that missed kept per database, newest first, with what torch hashed into "
+             "their keys (cachedb misses; 0: none recorded)"),
     Variable("CACHEDB_LOG_FILE", "a file path", _text, None, "a file every live process appends its lookup trace to"),
     Variable("CACHEDB_RETUNE", _FLAG, _flag, False, "keep torch's runtime re-tuning of stored winners"),
     Variable("CACHEDB_WRITE_BEHIND", _FLAG, _flag, True,

@@ -439,3 +439,40 @@ def recover(damaged: str, new: str, method: str, fmt: str, dry_run: bool) -> Non
                   highlight=False)
     if report.problems:
         sys.exit(1)
+
+
+@main.command()
+@click.option("--limit", "-n", type=click.IntRange(min=1), default=20, show_default=True,
+              help="How many of the newest misses to show.")
+@click.option("--kind", type=click.Choice(["fxgraph"]), default=None, help="Only misses of this kind.")
+@click.option("--format", "fmt", type=FORMATS, default="table", show_default=True)
+@db_options
+@pass_ctx
+def misses(obj: _Context, limit: int, kind: str | None, fmt: str) -> None:
+    """Recent cache misses, newest first, each with the nearest stored entry and the factors
+    of torch's key that differ (stored -> wanted).
+
+    A live process records each FX graph lookup that misses (no entry, guards failed, or a
+    bypass), the newest CACHEDB_MISS_LOG (1000) per database. --format json gives per miss:
+    kind, key, outcome, nearest (a key or null) and differs (a list of {factor, stored,
+    wanted}); a guards_failed miss also gives guards, the stored guard expressions that failed.
+
+    \b
+    Example:
+      cachedb --db cache.db misses -n 5
+      cachedb --db cache.db misses --format json
+    """
+    from ..tools.misses import COLUMNS, explain, words
+
+    with obj.open(existing=True) as db, db.read() as repos:
+        rows = explain(repos.session, limit=limit, kind=kind)
+    if fmt != "json":
+        table = fmt == "table"  # short keys, one factor a line
+        rows = [{
+            "missed_at": r["missed_at"].strftime("%Y-%m-%d %H:%M:%S") if table else r["missed_at"],
+            "kind": r["kind"], "key": r["key"][:12] if table else r["key"], "outcome": r["outcome"],
+            "nearest": (r["nearest"] or "")[:12] if table else r["nearest"],
+            "differs": words(r["differs"], sep="\n" if table else "; ") or r["reason"]
+            or ("guards failed: " + " | ".join(r.get("guards") or []) if r["outcome"] == "guards_failed" else ""),
+        } for r in rows]
+    emit(rows, _columns(rows, COLUMNS), fmt)

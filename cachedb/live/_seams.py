@@ -7,6 +7,8 @@ seam (torch 2.9 to 2.15 unless said)                   served from
 ``FxGraphCache.iterate_over_candidates`` (local part)   ``guarded_entries``
 ``AOTAutogradCache._write_to_local_cache``              ``guarded_entries`` (kind ``aotautograd``)
 ``AOTAutogradCache.iterate_over_candidates``            ``guarded_entries``
+``FxGraphCache.prepare_key``, ``load_with_key``         ``entry_factors``, ``cache_misses``
+                                                        (:mod:`cachedb.live._misses`)
 ``FxGraphCache.clear``, ``AOTAutogradCache.clear``      torch's own, then the kind's rows of the
                                                         database that serves (never a remote)
 ``BundledOutputCodeLoadable.pre_save`` (torch >= 2.11,  ``guarded_entries``: a bundled entry whose
@@ -79,7 +81,7 @@ from typing import Any
 
 from .._errors import CacheDBError
 from ._autoload import spec_from_others
-from . import _bundled_aot, _choices, _pgo, _precompile, _scopes
+from . import _bundled_aot, _choices, _misses, _pgo, _precompile, _scopes
 from ._cpp_cache import wrap_build, wrap_precompile_header, wrap_worker_compile_cpp
 from ._scopes import route
 from ._store import LazyLocalCache, LiveStore
@@ -283,6 +285,22 @@ def _guarded_seams(store: LiveStore, cls: type, kind: str) -> list[_Patch]:
         _Patch(cls, "_write_to_local_cache", staticmethod(write_to_local_cache)),
         _Patch(cls, "iterate_over_candidates", classmethod(iterate_over_candidates)),
         _Patch(cls, "clear", staticmethod(clear)),
+    ]
+
+
+def _miss_seams(store: LiveStore, cls: type) -> list[_Patch]:
+    """``FxGraphCache.prepare_key`` and ``load_with_key``: the key factors and the miss log
+    (:mod:`cachedb.live._misses`). Left out where torch has them with other parameters: no
+    factors nor misses are recorded then, and everything else is served as before."""
+    try:
+        prepare = _function(cls, "prepare_key", _misses.PREPARE_KEY_PARAMETERS)
+        load = _function(cls, "load_with_key", _misses.LOAD_WITH_KEY_PARAMETERS)
+    except SeamMissingError as exc:
+        log.debug("cachedb: misses not recorded: %s", exc)
+        return []
+    return [
+        _Patch(cls, "prepare_key", staticmethod(_misses.wrap_prepare_key(store, prepare))),
+        _Patch(cls, "load_with_key", staticmethod(_misses.wrap_load_with_key(store, load))),
     ]
 
 
@@ -681,6 +699,7 @@ def module_patches(name: str, store: LiveStore, *, retune: bool = False) -> list
     if a seam is missing or changed. ``retune``: keep torch's own re-tuning of stored winners."""
     if name == CODECACHE:
         return (_guarded_seams(store, _require(CODECACHE, "FxGraphCache"), "fxgraph")
+                + _miss_seams(store, _require(CODECACHE, "FxGraphCache"))
                 + _local_cache_seams(store) + _choices_seams(store) + _worker_compile_cpp_seam())
     if name == AOT_CACHE:
         return (_guarded_seams(store, _require(AOT_CACHE, "AOTAutogradCache"), "aotautograd")

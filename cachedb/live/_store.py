@@ -29,6 +29,7 @@ from ..store.trust import untrusted_reason
 from ..db import CacheDB, Repos
 from ..fingerprint import current as current_fingerprint
 from ..keys import split_inputs_key
+from ..keys.factors import Factor, parse_debug_lines
 from ..store.filesystems import network_filesystem
 from ..store.payload import pack
 from ..store.tables import GUARDED_KINDS, utcnow
@@ -75,6 +76,10 @@ def _is_locked(exc: BaseException) -> bool:
         exc = getattr(exc, "orig", None) or exc.__cause__  # type: ignore[assignment]
         seen += 1
     return False
+
+
+#: FX graph keys whose factors a process holds at most, waiting for their entries.
+_PENDING_FACTORS = 256
 
 
 class LiveStore:
@@ -128,6 +133,8 @@ class LiveStore:
         #: per thread: the choice descriptions of the ``PersistentCache.lookup`` running on it
         #: (:meth:`hold_choices`), written with the timings it records
         self._held_choices = threading.local()
+        #: the factors of FX graph keys that missed, until their entry is put (:meth:`note_fx_miss`)
+        self._factors: dict[tuple[str, str], list[Factor]] = {}
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -527,9 +534,48 @@ class LiveStore:
             return
         self._write_guarded(kind, key, content)
 
+    # -- key factors and the miss log (:mod:`cachedb.live._misses`) ---------------------------
+
+    def note_fx_miss(self, key: str, debug_lines: list[str]) -> None:
+        """An FX graph lookup of ``key`` missed: keep its factors (parsed from torch's
+        ``debug_lines``, :func:`cachedb.keys.factors.parse_debug_lines`) for the entry put
+        next under ``key``, and record the miss (``no_entry`` or ``guards_failed``)."""
+        factors = parse_debug_lines(debug_lines)
+        with self._lock:
+            self._factors[("fxgraph", key)] = factors
+            while len(self._factors) > _PENDING_FACTORS:
+                self._factors.pop(next(iter(self._factors)))
+        outcome = "guards_failed" if self.variant_names("fxgraph", key) else "no_entry"
+        self.record_miss("fxgraph", key, outcome, factors)
+
+    def record_miss(self, kind: str, key: str, outcome: str, factors: list[Factor], *, reason: str = "") -> None:
+        """Add one miss to the database's miss log (``cache_misses``, the newest
+        ``CACHEDB_MISS_LOG`` kept; 0: nothing recorded), through the write-behind queue where
+        there is one. Never raises (one warning)."""
+        keep = int(settings.value_or_default("CACHEDB_MISS_LOG"))
+        if keep <= 0:
+            return
+
+        def write() -> None:
+            with self.db.write() as repos:
+                repos.misses.add(kind, key, outcome, factors, reason=reason, keep=keep)
+
+        def job() -> None:
+            self.safely("miss record", None, write)
+
+        writer = self.writer
+        if writer is not None and self._known_fingerprint_id() is not None and writer.submit(
+                ("miss", kind, key), 64 * len(factors), job):
+            return
+        job()
+
     def _write_guarded(self, kind: str, key: str, content: bytes) -> None:
         """:meth:`guarded_put`'s write: one transaction (on the kept connection once the
-        process's fingerprint is recorded), then the remote tier's copy is queued."""
+        process's fingerprint is recorded, unless the key's factors go with it), then the
+        remote tier's copy is queued."""
+        with self._lock:
+            factors = self._factors.pop((kind, key), None)
+
         def write() -> None:
             db = self.db
             fp_id = self._known_fingerprint_id()
@@ -544,10 +590,14 @@ class LiveStore:
                 with db.write() as repos:
                     prepared.row["fingerprint_id"] = self._fingerprint_id(repos)
                     repos.guarded.put_prepared(prepared)
+                    if factors:
+                        repos.key_factors.put(kind, key, factors)
                     self._take_hits(repos)
-            elif self._hits or insert_new is None:  # hit counts go in the same transaction
+            elif self._hits or insert_new is None or factors:  # hits and factors go in the same transaction
                 with db.write() as repos:
                     repos.guarded.put_prepared(prepared)
+                    if factors:
+                        repos.key_factors.put(kind, key, factors)
                     self._take_hits(repos)
             else:  # one INSERT ... ON CONFLICT DO NOTHING on the kept connection
                 db.kept.write(insert_new, guarded_repo.insert_params(prepared))

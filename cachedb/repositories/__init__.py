@@ -9,6 +9,7 @@ from .choices import ChoiceRepository
 from .compile_claims import CompileClaimRepository, CompileWaitRepository
 from .cutlass import CutlassOpListRepository
 from .dynamo import DynamoRepository
+from .factors import KeyFactorRepository, MissLogRepository
 from .fingerprints import FingerprintRepository
 from .guarded import GuardedEntryRepository, StoredVariant
 from .local_values import LocalCacheValueRepository
@@ -24,8 +25,10 @@ __all__ = [
     "DynamoRepository",
     "FingerprintRepository",
     "GuardedEntryRepository",
+    "KeyFactorRepository",
     "KernelArtifactRepository",
     "KernelFile",
     "LocalCacheValueRepository",
+    "MissLogRepository",
     "StoredVariant",
 ]

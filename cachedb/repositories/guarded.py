@@ -24,6 +24,7 @@ from ..store.signing import Signer
 from ..keys import sha256_digest_name
 from ..store import tables
 from ..store.tables import GUARDED_KINDS, utcnow
+from .factors import KeyFactorRepository
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -531,6 +532,8 @@ class GuardedEntryRepository:
             freed += int(self.session.execute(
                 select(func.coalesce(func.sum(func.length(_G.c.payload)), 0)).where(_G.c.id.in_(chunk))).scalar_one())
             deleted += self.session.execute(delete(_G).where(_G.c.id.in_(chunk))).rowcount or 0
+        if deleted:
+            KeyFactorRepository(self.session).delete_orphans()
         return deleted, freed
 
     def evict(self, *, max_bytes: int | None = None, older_than: dt.datetime | None = None) -> tuple[int, int]:
@@ -548,7 +551,9 @@ class GuardedEntryRepository:
     def clear(self, kind: str) -> int:
         """Delete every variant of ``kind`` (``fxgraph`` or ``aotautograd``); returns how many."""
         _check_kind(kind)
-        return int(self.session.execute(delete(_G).where(_G.c.kind == kind)).rowcount or 0)
+        n = int(self.session.execute(delete(_G).where(_G.c.kind == kind)).rowcount or 0)
+        KeyFactorRepository(self.session).delete_orphans(kind)
+        return n
 
     def record_hit(self, kind: str, key: str, variant: str) -> None:
         self.session.execute(

@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 #: The head revision of the packaged migrations, known without importing Alembic (~0.25 s):
 #: opening a database that is already at head reads ``alembic_version`` and nothing else.
 #: tests/test_migrations.py checks it equals Alembic's own head.
-HEAD_REVISION = "0012"
+HEAD_REVISION = "0013"
 
 #: Seconds a process waits for another one's schema upgrade before giving up.
 DEFAULT_UPGRADE_LOCK_TIMEOUT_S = 300.0

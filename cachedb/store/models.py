@@ -33,7 +33,7 @@ __all__ = [
     "NEWEST_WINS_COMPARED", "VIEW_NAMES", "utcnow",
     "Base", "SystemFingerprint", "GuardedEntry", "AutotuneKey", "AutotuneRun", "AutotuneTiming", "AutotuneChoice",
     "LocalCacheValue", "BestConfig", "QuarantinedEntry", "CutlassOpList", "CutlassOp", "KernelBlob",
-    "KernelArtifact", "PgoProfile", "DynamoPackage", "PrecompileRefusal", "RowOrigin",
+    "KernelArtifact", "PgoProfile", "DynamoPackage", "PrecompileRefusal", "RowOrigin", "KeyFactor", "EntryFactor", "CacheMiss",
 ]
 
 
@@ -248,6 +248,53 @@ class CompileWait(Base):
     outcome: Mapped[str]
     waited_on: Mapped[str]
     waited_at: Mapped[dt.datetime]
+
+
+class KeyFactor(Base):
+    """One factor of a key torch computed (revision 0013), shared by every key that hashed it:
+    for ``fxgraph`` one debug line of ``compiled_fx_graph_hash`` (torch/_inductor/codecache.py),
+    one per attribute of ``FxGraphHashDetails`` (a list's items and a dict's values one each:
+    ``example_inputs[0]``, ``inductor_config.max_autotune_pointwise``). ``hash``: the first 16
+    characters of torch's hash of the factor; ``value``: a short readable form (at most 200
+    characters: ``float32[64]``, ``False``; ``#<hash>`` where torch's text is not printable).
+    """
+
+    __table__ = tables.key_factors
+
+    id: Mapped[int]
+    factor: Mapped[str]
+    hash: Mapped[str]
+    value: Mapped[str]
+
+
+class EntryFactor(Base):
+    """What torch hashed into the key of the entries ``kind``/``key`` (revision 0013):
+    ``factor_ids`` the JSON array of their :class:`KeyFactor` ids, in torch's order."""
+
+    __table__ = tables.entry_factors
+
+    id: Mapped[int]
+    kind: Mapped[str]
+    key: Mapped[str]
+    factor_ids: Mapped[str]
+
+
+class CacheMiss(Base):
+    """A lookup that missed (revision 0013): ``outcome`` ``no_entry`` (no variant of the key),
+    ``guards_failed`` (variants whose guards all failed) or ``bypass`` (torch did not look
+    up: ``reason``, its bypass reason); ``factor_ids`` the JSON array of the :class:`KeyFactor`
+    ids of the key wanted. Only the newest ``CACHEDB_MISS_LOG`` rows are kept.
+    """
+
+    __table__ = tables.cache_misses
+
+    id: Mapped[int]
+    kind: Mapped[str]
+    key: Mapped[str]
+    outcome: Mapped[str]
+    reason: Mapped[str]
+    factor_ids: Mapped[str]
+    missed_at: Mapped[dt.datetime]
 
 
 class LocalCacheValue(Base):

@@ -29,6 +29,12 @@ table                        Inductor artifact
                              on a shared database (revision 0012)
 ``compile_waits``            none: a compile a process did not run, having waited for another
                              process's entry (revision 0012)
+``key_factors``              none: one factor of a key torch computed (name, hash, readable
+                             value), shared by the keys that hashed it (revision 0013)
+``entry_factors``            none: what torch hashed into an FX graph entry's key, factor by
+                             factor (``compiled_fx_graph_hash``'s debug lines), revision 0013
+``cache_misses``             none: the last ``CACHEDB_MISS_LOG`` lookups that missed, with their
+                             factors (revision 0013)
 ===========================  ==================================================================
 
 What each column holds is documented on its typed ORM class in :mod:`cachedb.store.models`, which
@@ -244,6 +250,48 @@ compile_waits = Table(
     Column("outcome", String(16), nullable=False),
     Column("waited_on", String(300), nullable=False),
     _utc_timestamp("waited_at"),
+)
+
+#: One factor of a key, shared by every key torch hashed it into: ``factor`` its name
+#: (``example_inputs[0]``, ``inductor_config.max_autotune_pointwise``, ...), ``hash`` the
+#: first 16 characters of torch's hash of it, ``value`` a short readable form (``float32[64]``,
+#: ``False``). One row per distinct (factor, hash).
+key_factors = Table(
+    "key_factors",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("factor", String(200), nullable=False),
+    Column("hash", String(16), nullable=False),
+    Column("value", String(200), nullable=False),
+    UniqueConstraint("factor", "hash", name="uq_key_factors_factor"),
+)
+
+#: What torch hashed into the key of an entry (``kind``, ``key``): ``factor_ids`` the JSON
+#: array of its :data:`key_factors` ids, in torch's order. Deleted with the last variant of
+#: its key.
+entry_factors = Table(
+    "entry_factors",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("kind", String(32), nullable=False),
+    Column("key", String(128), nullable=False),
+    Column("factor_ids", Text, nullable=False),
+    UniqueConstraint("kind", "key", name="uq_entry_factors_kind"),
+)
+
+#: One lookup that missed: ``outcome`` ``no_entry``, ``guards_failed`` or ``bypass``
+#: (``reason``: torch's bypass reason), ``factor_ids`` the JSON array of the
+#: :data:`key_factors` ids of the key wanted. A ring: the newest ``CACHEDB_MISS_LOG`` rows.
+cache_misses = Table(
+    "cache_misses",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("kind", String(32), nullable=False),
+    Column("key", String(128), nullable=False),
+    Column("outcome", String(16), nullable=False),
+    Column("reason", String(300), nullable=False),
+    Column("factor_ids", Text, nullable=False),
+    _utc_timestamp("missed_at"),
 )
 
 local_cache_values = Table(

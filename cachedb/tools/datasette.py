@@ -192,6 +192,25 @@ TABLES: dict[str, dict[str, Any]] = {
                     "outcome": "landed: served the entry"},
         "units": {"seconds": "s"},
     },
+    "key_factors": {
+        "description": "One factor of the keys torch computed (what compiled_fx_graph_hash hashed: the graph's "
+                       "code, each input, each fx kwarg, each Inductor config, torch's key, the system), shared "
+                       "by every key that hashed it.",
+        "columns": {"factor": "example_inputs[0], inductor_config.max_autotune_pointwise, gm, ...",
+                    "hash": "the first 16 characters of torch's hash of the factor",
+                    "value": "a short readable form: float32[64], False"},
+    },
+    "entry_factors": {
+        "description": "What torch hashed into each stored entry's key: the JSON array of its key_factors ids "
+                       "(json_each(factor_ids) joins them). Deleted with the entry.",
+        "columns": {"factor_ids": "JSON array of key_factors.id, in torch's order"},
+    },
+    "cache_misses": {
+        "description": "The newest lookups that missed (CACHEDB_MISS_LOG, 1000), with the factors of the key "
+                       "wanted: what cachedb misses explains.",
+        "columns": {"outcome": "no_entry, guards_failed or bypass", "reason": "torch's bypass reason",
+                    "factor_ids": "JSON array of key_factors.id of the key wanted"},
+    },
     "row_origins": {
         "description": "In a machine's file: the rows that crossed in from another database (a remote tier's "
                        "pull, copy/merge --require-signed) and who vouched for them.",

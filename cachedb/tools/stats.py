@@ -23,7 +23,7 @@ from ..store.models import (
     SystemFingerprint,
 )
 
-COLUMNS = ("kind", "fingerprint", "entries", "bytes", "stored_bytes")
+COLUMNS = ("kind", "fingerprint", "entries", "bytes", "stored_bytes", "seconds_saved")
 
 
 def _label(session: Session) -> dict[int | None, str]:
@@ -45,23 +45,30 @@ def collect(session: Session) -> list[dict[str, Any]]:
     counts the described choices (``bytes``: their ``info_dict()`` JSON and descriptions).
     ``compiles_avoided:<kind>`` counts the compiles of FX graph and AOTAutograd entries a
     process did not run, having waited for another process's (:mod:`cachedb.live._singleflight`;
-    ``bytes`` and ``stored_bytes`` 0)."""
+    ``bytes`` and ``stored_bytes`` 0). ``seconds_saved`` (s): for FX graph and AOTAutograd
+    rows, the sum over their entries of the compile time torch recorded (``_time_taken_ns``)
+    times the entry's hits; 0 for the other kinds. A last row ``total`` (when there are rows)
+    counts the FX graph and AOTAutograd entries and sums their seconds saved."""
     labels = _label(session)
     rows: list[dict[str, Any]] = []
 
-    def add(kind: str, fp: int | None, n: int, raw: int | None, stored: int | None) -> None:
+    def add(kind: str, fp: int | None, n: int, raw: int | None, stored: int | None, saved: float = 0.0) -> None:
         rows.append(
             {"kind": kind, "fingerprint": labels.get(fp, f"#{fp}"), "entries": int(n),
-             "bytes": int(raw or 0), "stored_bytes": int(stored or 0)}
+             "bytes": int(raw or 0), "stored_bytes": int(stored or 0), "seconds_saved": round(saved, 3)}
         )
 
     g = GuardedEntry
-    for kind, fp, n, raw, stored in session.execute(
-        select(g.kind, g.fingerprint_id, func.count(), func.sum(g.size_bytes), func.sum(func.length(g.payload)))
+    saved_ns = func.coalesce(func.sum(func.coalesce(g.time_taken_ns, 0) * g.hit_count), 0)
+    total_saved = 0.0
+    for kind, fp, n, raw, stored, ns in session.execute(
+        select(g.kind, g.fingerprint_id, func.count(), func.sum(g.size_bytes), func.sum(func.length(g.payload)),
+               saved_ns)
         .group_by(g.kind, g.fingerprint_id)
         .order_by(g.kind, g.fingerprint_id)
     ):
-        add(kind, fp, n, raw, stored)
+        add(kind, fp, n, raw, stored, int(ns) / 1e9)
+        total_saved += int(ns) / 1e9
     t = AUTOTUNE_TIMINGS.c  # the flat view
     for fp, n in session.execute(
         select(t.fingerprint_id, func.count()).group_by(t.fingerprint_id).order_by(t.fingerprint_id)
@@ -108,4 +115,7 @@ def collect(session: Session) -> list[dict[str, Any]]:
             add(DYNAMO_LABELS[kind], fp, n, raw, stored)
     for kind, (n, _seconds) in sorted(CompileWaitRepository(session).avoided().items()):
         add(f"compiles_avoided:{kind}", None, n, 0, 0)
+    if rows:
+        add("total", None, sum(r["entries"] for r in rows if r["kind"] in ("fxgraph", "aotautograd")), 0, 0,
+            total_saved)
     return rows

@@ -1,0 +1,138 @@
+"""The factors of a cache key: what torch hashed into it, one item each.
+
+For an FX graph entry torch's ``compiled_fx_graph_hash`` (torch/_inductor/codecache.py)
+builds ``FxGraphHashDetails`` and, through ``FxGraphCachePickler.debug_lines``, one line per
+hashed item: ``"[<hash>] <attr>: <value>"`` for an attribute, ``"[<hash>] <attr>[<i>]: ..."``
+for each item of a list attribute and ``"[<hash>] <attr>[<k>]: ..."`` for each value of a dict
+attribute. :func:`parse_debug_lines` turns those lines into :class:`Factor` rows:
+
+- ``factor``: ``attr``, ``attr[i]`` (a list item: ``example_inputs[0]``) or ``attr.k`` (a dict
+  value: ``inductor_config.max_autotune_pointwise``, ``fx_kwargs.is_backward``);
+- ``hash``: the first :data:`HASH_CHARS` characters of torch's hash of that item;
+- ``value``: a short readable form, at most :data:`VALUE_CHARS` characters: a tensor's
+  ``TensorMetadata`` as ``float32[64]`` (its stride added where it is not the contiguous one),
+  the graph's code with its white space folded, and ``#<hash>`` where torch's text is not
+  printable (``torch_version`` is a digest).
+
+:func:`differences` compares two factor sets in words.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+#: Characters of torch's factor hash kept (base32: 80 bits).
+HASH_CHARS = 16
+#: Characters of a factor's readable value kept.
+VALUE_CHARS = 200
+#: Characters of a factor's name kept.
+NAME_CHARS = 200
+
+_LINE = re.compile(r"\[(?P<hash>[a-z0-9]+)\] (?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:\[(?P<item>[^\]]*)\])?: ")
+_TENSOR = re.compile(
+    r"TensorMetadata\(dtype=torch\.(?P<dtype>\w+), shape=torch\.Size\(\[(?P<shape>[^\]]*)\]\), "
+    r"stride=\((?P<stride>[^)]*)\)"
+)
+
+
+@dataclass(frozen=True)
+class Factor:
+    """One hashed item of a key: its name, the first :data:`HASH_CHARS` characters of torch's
+    hash of it, and a short readable value."""
+
+    factor: str
+    hash: str
+    value: str
+
+
+def _contiguous(shape: list[str]) -> list[str] | None:
+    stride, acc = [], 1
+    for dim in reversed(shape):
+        if not dim.isdigit():
+            return None
+        stride.append(str(acc))
+        acc *= max(int(dim), 1)
+    return list(reversed(stride))
+
+
+def readable(value: str, hash_: str) -> str:
+    """A short readable form of one debug line's value (``str`` of what torch hashed):
+    ``TensorMetadata(...)`` as ``dtype[shape]`` (plus ``stride=(...)`` where it is not the
+    contiguous stride), everything else with its white space folded, at most
+    :data:`VALUE_CHARS` characters; ``#<hash>`` where the text is not printable."""
+    m = _TENSOR.match(value)
+    if m:
+        shape = [d.strip() for d in m["shape"].split(",") if d.strip()]
+        stride = [d.strip() for d in m["stride"].split(",") if d.strip()]
+        text = f"{m['dtype']}[{', '.join(shape)}]"
+        if stride != _contiguous(shape):
+            text += f" stride=({', '.join(stride)})"
+        return text[:VALUE_CHARS]
+    text = " ".join(value.split())
+    if not text.isprintable() or "\ufffd" in text:
+        return f"#{hash_}"
+    return text if len(text) <= VALUE_CHARS else text[:VALUE_CHARS - 3] + "..."
+
+
+def parse_debug_lines(lines: Iterable[str]) -> list[Factor]:
+    """The factors of torch's debug lines (``FxGraphCachePickler.debug_lines``, what
+    ``compiled_fx_graph_hash`` returns beside the key), in torch's order. A value spanning
+    several lines (the graph's code) belongs to the line that starts it; text before the first
+    ``[hash] name:`` line is ignored. A name met twice keeps its first value."""
+    factors: dict[str, Factor] = {}
+    current: tuple[str, str, list[str]] | None = None
+
+    def close() -> None:
+        if current is not None and current[0] not in factors:
+            name, hash_, parts = current
+            factors[name] = Factor(name, hash_, readable("\n".join(parts), hash_))
+
+    for chunk in lines:
+        for line in str(chunk).split("\n"):
+            m = _LINE.match(line)
+            if m is None:
+                if current is not None:
+                    current[2].append(line)
+                continue
+            close()
+            name, item = m["name"], m["item"]
+            if item is not None:
+                name = f"{name}[{item}]" if item.isdigit() else f"{name}.{item}"
+            current = (name[:NAME_CHARS], m["hash"][:HASH_CHARS], [line[m.end():]])
+    close()
+    return list(factors.values())
+
+
+@dataclass(frozen=True)
+class Difference:
+    """One factor that differs: its value in the stored entry and in the key wanted (``None``
+    where that side lacks the factor)."""
+
+    factor: str
+    stored: str | None
+    wanted: str | None
+
+    def words(self) -> str:
+        """``factor: stored -> wanted`` (``(none)`` for a side without it)."""
+        return f"{self.factor}: {self.stored if self.stored is not None else '(none)'} -> " \
+               f"{self.wanted if self.wanted is not None else '(none)'}"
+
+
+def differences(stored: Mapping[str, tuple[str, str]], wanted: Mapping[str, tuple[str, str]]) -> list[Difference]:
+    """The factors whose hashes differ between ``stored`` and ``wanted`` (each ``{factor:
+    (hash, value)}``), or that one side lacks, in ``wanted``'s order then ``stored``'s."""
+    out = []
+    for name, (h, v) in wanted.items():
+        if name not in stored:
+            out.append(Difference(name, None, v))
+        elif stored[name][0] != h:
+            out.append(Difference(name, stored[name][1], v))
+    out += [Difference(name, v, None) for name, (_h, v) in stored.items() if name not in wanted]
+    return out
+
+
+def equal_count(stored: Mapping[str, tuple[str, str]], wanted: Mapping[str, tuple[str, str]]) -> int:
+    """How many factors ``stored`` and ``wanted`` share with the same hash."""
+    return sum(1 for name, (h, _v) in wanted.items() if name in stored and stored[name][0] == h)

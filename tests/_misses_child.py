@@ -1,0 +1,69 @@
+"""Misses of every cause, one after another in one process under cachedb, each explained by
+``cachedb misses --format json`` (run in-process) right after it; printed as JSON.
+
+    python tests/_misses_child.py OUT.json DB
+
+Each step resets Dynamo and compiles a perturbation of the first step's compile (real
+``torch.compile``, CPU); the report holds per step its name and the newest miss's JSON.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+
+import torch
+
+import cachedb
+from cachedb.live import active_store
+
+out_path, db_path = sys.argv[1], sys.argv[2]
+cachedb.install(db_path)
+
+from click.testing import CliRunner  # noqa: E402
+
+from cachedb.cli import main  # noqa: E402
+
+
+def f(x):
+    return torch.sin(x) * 2 + 1
+
+
+def g(x):
+    return torch.cos(x) * 2 + 1
+
+
+def k(x, val):
+    if val > 5:  # a guard on the size val, the same graph either way
+        return x.sin() + val
+    return x.sin() + val
+
+
+def step(name, fn, *args, dynamic=False, patch=contextlib.nullcontext):
+    torch._dynamo.reset()
+    with patch():
+        torch.compile(fn, dynamic=dynamic)(*args)
+    active_store().flush()
+    res = CliRunner().invoke(main, ["--db", db_path, "misses", "-n", "1", "--format", "json"])
+    assert res.exit_code == 0, res.output
+    report.append({"step": name, "misses": json.loads(res.stdout)})
+
+
+report: list[dict] = []
+step("base", f, torch.randn(64))
+step("dtype", f, torch.randn(64, dtype=torch.float64))
+step("shape", f, torch.randn(32))
+step("inductor_config", f, torch.randn(64),
+     patch=lambda: torch._inductor.config.patch(max_autotune_pointwise=True))
+step("function", g, torch.randn(64))
+step("dynamo_config", f, torch.randn(64), dynamic=None,
+     patch=lambda: torch._dynamo.config.patch(assume_static_by_default=False))
+step("hit", f, torch.randn(64))
+step("guard_base", k, torch.ones(2), 6, dynamic=True)
+step("guard", k, torch.ones(2), 4, dynamic=True)
+active_store().flush_hits()
+res = CliRunner().invoke(main, ["--db", db_path, "stats", "--format", "json"])
+report.append({"step": "stats", "rows": json.loads(res.stdout)})
+with open(out_path, "w") as fh:
+    json.dump(report, fh, indent=1, default=str)

@@ -1,0 +1,224 @@
+"""Every miss explained: the factors of FX graph keys kept with their entries, each miss in a
+bounded log, ``cachedb misses`` naming the factors that differ, and ``stats``' seconds saved.
+
+One child process (tests/_misses_child.py) compiles, under cachedb, a function and then one
+perturbation of it after another (real ``torch.compile``, CPU), asking ``cachedb misses``
+after each; the tests check its report and the database it leaves."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sqlalchemy import text
+
+from cachedb import CacheDB
+from cachedb.cli import main
+from cachedb.keys.factors import Factor, differences, equal_count, parse_debug_lines, readable
+from cachedb.settings import SettingError, read
+
+torch = pytest.importorskip("torch")
+
+CHILD = Path(__file__).with_name("_misses_child.py")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, dict], Path]:
+    """The child's report by step, and its database."""
+    tmp = tmp_path_factory.mktemp("misses")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CACHEDB_")}
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp / "inductor")
+    env["TMPDIR"] = str(tmp / "tmp")
+    os.makedirs(env["TMPDIR"])
+    out, db = tmp / "report.json", tmp / "cache.db"
+    proc = subprocess.run([sys.executable, str(CHILD), str(out), str(db)], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return {s["step"]: s for s in json.loads(out.read_text())}, db
+
+
+def _only(report: dict[str, dict], step: str) -> dict:
+    (miss,) = report[step]["misses"]
+    assert set(miss) >= {"kind", "key", "outcome", "nearest", "differs"}
+    return miss
+
+
+def _factors(miss: dict) -> list[str]:
+    return [d["factor"] for d in miss["differs"]]
+
+
+def test_first_compile_has_nothing_near(run) -> None:
+    miss = _only(run[0], "base")
+    assert (miss["kind"], miss["outcome"], miss["nearest"], miss["differs"]) == ("fxgraph", "no_entry", None, [])
+
+
+def test_input_dtype_named(run) -> None:
+    miss = _only(run[0], "dtype")
+    base = _only(run[0], "base")
+    assert miss["nearest"] == base["key"] and miss["key"] != base["key"]
+    assert miss["differs"] == [{"factor": "example_inputs[0]", "stored": "float32[64]", "wanted": "float64[64]"}]
+
+
+def test_input_shape_named_with_static_shapes(run) -> None:
+    miss = _only(run[0], "shape")
+    assert _factors(miss) == ["example_inputs[0]"]
+    assert miss["differs"][0]["wanted"] == "float32[32]"
+
+
+def test_inductor_config_named(run) -> None:
+    miss = _only(run[0], "inductor_config")
+    assert miss["nearest"] == _only(run[0], "base")["key"]
+    assert miss["differs"] == [
+        {"factor": "inductor_config.max_autotune_pointwise", "stored": "False", "wanted": "True"}]
+
+
+def test_changed_user_function_names_the_graph_only(run) -> None:
+    miss = _only(run[0], "function")
+    assert _factors(miss) == ["gm"]
+    assert "sin" in miss["differs"][0]["stored"] and "cos" in miss["differs"][0]["wanted"]
+
+
+def test_dynamo_config_names_the_graph_and_its_symbolic_inputs(run) -> None:
+    """``assume_static_by_default=False`` makes the input's size a graph input: the graph's
+    code and the inputs differ, nothing else (no config of Inductor's, no torch key)."""
+    miss = _only(run[0], "dynamo_config")
+    assert set(_factors(miss)) == {"gm", "example_inputs[0]", "example_inputs[1]"}
+    wanted = {d["factor"]: d["wanted"] for d in miss["differs"]}
+    assert wanted["example_inputs[1]"].startswith("float32[s")
+
+
+def test_a_guard_failing_on_a_dynamic_size(run) -> None:
+    """The same graph for ``val`` 6 and 4 (one key), stored with the guard ``6 <= val``: the
+    second lookup finds the key and its guards fail."""
+    miss = _only(run[0], "guard")
+    assert miss["key"] == _only(run[0], "guard_base")["key"]
+    assert (miss["outcome"], miss["nearest"], miss["differs"]) == ("guards_failed", miss["key"], [])
+    (guards,) = miss["guards"]
+    assert "6 <= " in guards
+
+
+def test_a_hit_records_no_miss(run) -> None:
+    assert run[0]["hit"]["misses"] == run[0]["dynamo_config"]["misses"]
+
+
+def test_table_output_in_words(run) -> None:
+    res = CliRunner().invoke(main, ["--db", str(run[1]), "misses", "-n", "20"], env={"COLUMNS": "400"})
+    assert res.exit_code == 0, res.output
+    assert "inductor_config.max_autotune_pointwise: False -> True" in res.stdout
+    assert "example_inputs[0]: float32[64] -> float64[64]" in res.stdout
+
+
+def test_seconds_saved_is_compile_time_times_hits(run) -> None:
+    rows = {r["kind"]: r for r in run[0]["stats"]["rows"]}
+    db = CacheDB(str(run[1]))
+    try:
+        with db.engine.connect() as conn:
+            want = {k: n / 1e9 for k, n in conn.execute(text(
+                "SELECT kind, sum(coalesce(time_taken_ns, 0) * hit_count) FROM guarded_entries GROUP BY kind"))}
+    finally:
+        db.close()
+    assert want["aotautograd"] > 0  # the last step hit the first step's entries
+    for kind in ("fxgraph", "aotautograd"):
+        assert rows[kind]["seconds_saved"] == pytest.approx(want[kind], abs=1e-3)
+    assert rows["total"]["seconds_saved"] == pytest.approx(sum(want.values()), abs=2e-3)
+
+
+def test_factors_stored_compactly_and_cleared_with_their_entries(run, tmp_path: Path) -> None:
+    path = tmp_path / "copy.db"
+    shutil.copy(run[1], path)
+    db = CacheDB(str(path))
+    try:
+        with db.engine.connect() as conn:
+            entries = conn.execute(text("SELECT count(*) FROM entry_factors")).scalar_one()
+            shared = conn.execute(text("SELECT count(*) FROM key_factors")).scalar_one()
+            # SQL over the factors: the dtype of the first input of every stored FX graph entry
+            dtypes = set(conn.execute(text(
+                "SELECT f.value FROM entry_factors e, json_each(e.factor_ids) j JOIN key_factors f ON f.id = j.value "
+                "WHERE e.kind = 'fxgraph' AND f.factor = 'example_inputs[0]'")).scalars())
+        assert entries == 7 and shared < 2 * 600  # ~600 factors a key, nearly all shared
+        assert {"float32[64]", "float64[64]", "float32[32]"} <= dtypes
+        with db.transaction() as repos:
+            repos.guarded.clear("fxgraph")
+        with db.engine.connect() as conn:
+            assert conn.execute(text("SELECT count(*) FROM entry_factors")).scalar_one() == 0
+    finally:
+        db.close()
+    res = CliRunner().invoke(main, ["--db", str(path), "misses", "--format", "json"])
+    assert res.exit_code == 0, res.output
+    # no stored entry has factors left (a guard miss names its own key, whose guards failed)
+    assert all(m["nearest"] is None for m in json.loads(res.stdout) if m["outcome"] != "guards_failed")
+
+
+def test_csv_output(run) -> None:
+    res = CliRunner().invoke(main, ["--db", str(run[1]), "misses", "-n", "2", "--format", "csv"])
+    assert res.exit_code == 0, res.output
+    lines = res.stdout.splitlines()
+    assert lines[0].startswith("missed_at,kind,key,outcome,nearest,differs") and len(lines) == 3
+
+
+def test_miss_log_is_a_ring(tmp_path: Path) -> None:
+    db = CacheDB(str(tmp_path / "ring.db"))
+    try:
+        for i in range(7):
+            with db.transaction() as repos:
+                repos.misses.add("fxgraph", f"k{i}", "no_entry", [Factor("gm", f"h{i}", f"v{i}")], keep=3)
+        with db.read() as repos:
+            recent = repos.misses.recent(10)
+            assert [m["key"] for m in recent] == ["k6", "k5", "k4"]
+            assert recent[0]["factors"] == {"gm": ("h6", "v6")}
+    finally:
+        db.close()
+
+
+def test_miss_log_setting() -> None:
+    assert read("CACHEDB_MISS_LOG", {}) == 1000
+    assert read("CACHEDB_MISS_LOG", {"CACHEDB_MISS_LOG": "0"}) == 0
+    with pytest.raises(SettingError):
+        read("CACHEDB_MISS_LOG", {"CACHEDB_MISS_LOG": "-1"})
+
+
+def test_factors_of_torchs_own_hash() -> None:
+    """``compiled_fx_graph_hash`` (torch/_inductor/codecache.py) on a traced graph: one factor
+    per debug line, and another input dtype changes that input's factor alone."""
+    from torch._inductor.codecache import compiled_fx_graph_hash
+
+    gm = torch.fx.symbolic_trace(lambda x: torch.sin(x) + 1)
+    _, lines = compiled_fx_graph_hash(gm, [torch.randn(4)], {}, [])
+    _, other = compiled_fx_graph_hash(gm, [torch.randn(4, dtype=torch.float64)], {}, [])
+    a = {f.factor: (f.hash, f.value) for f in parse_debug_lines(lines)}
+    b = {f.factor: (f.hash, f.value) for f in parse_debug_lines(other)}
+    assert len(a) == sum(1 for line in lines if line.startswith("["))
+    assert a["example_inputs[0]"][1] == "float32[4]"
+    assert "inductor_config.max_autotune_pointwise" in a
+    assert [(d.factor, d.stored, d.wanted) for d in differences(a, b)] == [
+        ("example_inputs[0]", "float32[4]", "float64[4]")]
+
+
+_names = st.from_regex(r"[a-z_][a-z0-9_]{0,12}", fullmatch=True)
+_values = st.text(st.characters(min_codepoint=32, max_codepoint=126), max_size=300)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(_names, st.none() | st.integers(0, 9) | _names,
+                          st.from_regex(r"[a-z2-7]{52}", fullmatch=True), _values), max_size=30))
+def test_parse_debug_lines_property(items) -> None:
+    """Lines in ``FxGraphCachePickler.debug_lines``' form parse back to their names, hash
+    prefixes and (folded, cut) values; a name met twice keeps its first value."""
+    lines, expected = [], {}
+    for name, item, h, value in items:
+        shown = name if item is None else f"{name}[{item}]"
+        lines.append(f"[{h}] {shown}: {value}")
+        factor = name if item is None else f"{name}[{item}]" if isinstance(item, int) else f"{name}.{item}"
+        expected.setdefault(factor, (h[:16], readable(value, h[:16])))
+    got = {f.factor: (f.hash, f.value) for f in parse_debug_lines(lines)}
+    assert got == expected
+    assert all(len(v) <= 200 for _h, v in got.values())
+    assert equal_count(got, got) == len(got) and differences(got, got) == []
