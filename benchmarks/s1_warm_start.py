@@ -294,6 +294,16 @@ def run(ctx: Context) -> SectionResult:
     with CacheDB(live_db) as db, db.read() as repos:
         live_totals = {t["kind"]: t for t in repos.artifacts.totals()}
         n_best = repos.session.execute(text("SELECT COUNT(*) FROM best_configs")).scalar_one()
+        # the tuning history's descriptions: every choice named, every Triton template's config
+        choices = repos.session.execute(text(
+            "SELECT backend, name, tile_shape, num_stages, num_warps FROM autotune_choices")).all()
+    templates = [c for c in choices if (c.backend or "").lower() == "triton"]
+    described = [c for c in templates if c.tile_shape and c.num_stages is not None and c.num_warps is not None]
+    named = sum(1 for c in choices if c.name and c.backend)
+    res.notes.append(f"Tuning history of the live-filled DB: {len(choices)} choices, {named} with a name and a "
+                     f"backend; {len(templates)} Triton template choices, {len(described)} with tile shape, "
+                     f"stages and warps"
+                     + (f" ({100 * len(described) / len(templates):.0f}%)." if templates else "."))
     res.notes.append("Live-filled DB (the cachedb cold run, compile workers included): "
                      + "; ".join(f"{k}: {t['keys']} keys, {t['files']} files" for k, t in live_totals.items())
                      + f"; {n_best} best configs.")

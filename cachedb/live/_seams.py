@@ -502,7 +502,7 @@ def _cutlass_patches(store: LiveStore, cache: Any, gemm_mod: str, utils_mod: str
     original = getattr(cache, "maybe_fetch_ops", None)
     if original is None:
         raise SeamMissingError(f"torch seam missing: {cache_mod}.maybe_fetch_ops")
-    # torch >= 2.12 asks per device (``maybe_fetch_ops(device_type)``); 2.9-2.11 for CUDA only
+    # torch 2.13-2.15 ask per device (``maybe_fetch_ops(device_type)``); 2.9-2.11 for CUDA only
     # (``maybe_fetch_ops()``, the arch and version from ``cuda_env``)
     per_device = _scopes.parameters(inspect.getattr_static(cache, "maybe_fetch_ops")) != ()
     if per_device:
