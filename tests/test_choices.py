@@ -29,6 +29,9 @@ from cachedb.fingerprint import Fingerprint
 from cachedb.layout.importer import Importer
 from cachedb.repositories.choices import describe
 
+#: Its module fixtures build real caches: one worker builds each once (xdist --dist loadgroup).
+pytestmark = pytest.mark.xdist_group("choices")
+
 torch = pytest.importorskip("torch")
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -25,6 +25,9 @@ from cachedb.store.signing import Signer
 from cachedb.tools.stats import collect
 from cachedb.tools.verify import verify
 
+#: Its module fixtures build real caches: one worker builds each once (xdist --dist loadgroup).
+pytestmark = pytest.mark.xdist_group("dynamo_caches")
+
 ROOT = Path(__file__).resolve().parents[1]
 CHILD = ROOT / "tests" / "_dynamo_child.py"
 UTC = dt.timezone.utc

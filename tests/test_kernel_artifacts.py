@@ -23,6 +23,9 @@ from sqlalchemy import text, update
 from cachedb import CacheDB
 from cachedb.store.models import KernelBlob
 
+#: Its module fixtures build real caches: one worker builds each once (xdist --dist loadgroup).
+pytestmark = pytest.mark.xdist_group("kernel_artifacts")
+
 ROOT = Path(__file__).resolve().parents[1]
 TRITON_CHILD = Path(__file__).resolve().parent / "_triton_child.py"
 

@@ -26,6 +26,9 @@ from sqlalchemy import text
 from cachedb import BadInputError, CacheDB
 from cachedb.cli import main as cli
 
+#: Its module fixtures build real caches: one worker builds each once (xdist --dist loadgroup).
+pytestmark = pytest.mark.xdist_group("mega_cache")
+
 torch = pytest.importorskip("torch")
 
 ROOT = Path(__file__).resolve().parents[1]

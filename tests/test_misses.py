@@ -25,6 +25,9 @@ from cachedb.cli import main
 from cachedb.keys.factors import Factor, differences, equal_count, parse_debug_lines, readable
 from cachedb.settings import SettingError, read
 
+#: Its module fixtures build real caches: one worker builds each once (xdist --dist loadgroup).
+pytestmark = pytest.mark.xdist_group("misses")
+
 torch = pytest.importorskip("torch")
 
 CHILD = Path(__file__).with_name("_misses_child.py")

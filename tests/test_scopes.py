@@ -19,6 +19,9 @@ from sqlalchemy import text
 
 from cachedb import CacheDB
 
+#: Its module fixtures build real caches: one worker builds each once (xdist --dist loadgroup).
+pytestmark = pytest.mark.xdist_group("scopes")
+
 torch = pytest.importorskip("torch")
 
 CHILD = Path(__file__).with_name("_scopes_child.py")
