@@ -3,7 +3,9 @@ graphs every process shares and one of its own, compiled cold under cachedb; pri
 its counters, results, the waits it made (seconds, why it ended, when) and how long its
 compiles took (s).
 
-    python benchmarks/_flight_child.py DB TAG [--remote URL] [--hold-for SECONDS] [--shared-only]
+    python benchmarks/_flight_child.py DB TAG [--remote URL] [--hold-for SECONDS] [--shared-only] [--graphs K]
+
+``--graphs K``: only the first K of the four shared graphs (a quick run's smallest workload).
 
 ``--hold-for``: once this process has claimed its first graph, it says ``holding`` on stdout and
 sleeps inside the compile that many seconds (the test then kills or stops it).
@@ -25,6 +27,7 @@ parser.add_argument("tag")
 parser.add_argument("--remote")
 parser.add_argument("--hold-for", type=float, default=0.0)
 parser.add_argument("--shared-only", action="store_true", help="compile no graph of this process's own")
+parser.add_argument("--graphs", type=int, default=4, choices=range(1, 5), help="shared graphs compiled (1-4)")
 args = parser.parse_args()
 
 waits: list[dict[str, object]] = []
@@ -65,7 +68,7 @@ if args.hold_for:
     compile_fx.fx_codegen_and_compile = held
 
 shared = [lambda x: (x.sin() * 2).cumsum(0), lambda x: x.cos().relu() + 1, lambda x: torch.tanh(x) * x,
-          lambda x: x.exp().sum()]
+          lambda x: x.exp().sum()][: args.graphs]
 scale = float(sum(map(ord, args.tag)))  # a graph of this process's own (another key)
 own = lambda x: x * scale - 1.0  # noqa: E731
 x = torch.linspace(-1, 1, 32)
