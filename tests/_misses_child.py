@@ -4,7 +4,8 @@
     python tests/_misses_child.py OUT.json DB
 
 Each step resets Dynamo and compiles a perturbation of the first step's compile (real
-``torch.compile``, CPU); the report holds per step its name and the newest miss's JSON.
+``torch.compile``, CPU); the report holds per step its name, the newest miss's JSON and the
+newest AOTAutograd miss's (``aot``).
 """
 
 from __future__ import annotations
@@ -47,7 +48,9 @@ def step(name, fn, *args, dynamic=False, patch=contextlib.nullcontext):
     active_store().flush()
     res = CliRunner().invoke(main, ["--db", db_path, "misses", "-n", "1", "--format", "json"])
     assert res.exit_code == 0, res.output
-    report.append({"step": name, "misses": json.loads(res.stdout)})
+    aot = CliRunner().invoke(main, ["--db", db_path, "misses", "-n", "1", "--kind", "aotautograd", "--format", "json"])
+    assert aot.exit_code == 0, aot.output
+    report.append({"step": name, "misses": json.loads(res.stdout), "aot": json.loads(aot.stdout)})
 
 
 report: list[dict] = []
@@ -60,6 +63,8 @@ step("function", g, torch.randn(64))
 step("dynamo_config", f, torch.randn(64), dynamic=None,
      patch=lambda: torch._dynamo.config.patch(assume_static_by_default=False))
 step("hit", f, torch.randn(64))
+step("aot_config", f, torch.randn(64),  # functorch's config: the AOTAutograd key alone, the FX graphs hit
+     patch=lambda: torch._functorch.config.patch(activation_memory_budget=0.5))
 step("guard_base", k, torch.ones(2), 6, dynamic=True)
 step("guard", k, torch.ones(2), 4, dynamic=True)
 active_store().flush_hits()

@@ -1,5 +1,6 @@
-"""Every miss explained: the factors of FX graph keys kept with their entries, each miss in a
-bounded log, ``cachedb misses`` naming the factors that differ, and ``stats``' seconds saved.
+"""Every miss explained: the factors of FX graph and AOTAutograd keys kept with their entries,
+each miss in a bounded log, ``cachedb misses`` naming the factors that differ, and ``stats``'
+seconds saved.
 
 One child process (tests/_misses_child.py) compiles, under cachedb, a function and then one
 perturbation of it after another (real ``torch.compile``, CPU), asking ``cachedb misses``
@@ -58,6 +59,12 @@ def _factors(miss: dict) -> list[str]:
     return [d["factor"] for d in miss["differs"]]
 
 
+def _aot(report: dict[str, dict], step: str) -> dict:
+    (miss,) = report[step]["aot"]
+    assert miss["kind"] == "aotautograd"
+    return miss
+
+
 def test_first_compile_has_nothing_near(run) -> None:
     miss = _only(run[0], "base")
     assert (miss["kind"], miss["outcome"], miss["nearest"], miss["differs"]) == ("fxgraph", "no_entry", None, [])
@@ -108,6 +115,34 @@ def test_a_guard_failing_on_a_dynamic_size(run) -> None:
     assert "6 <= " in guards
 
 
+def test_aotautograd_misses_name_their_factors(run) -> None:
+    """The AOTAutograd key of each step has factors of its own (torch's debug lines of
+    ``AOTAutogradCacheDetails``): the first has nothing near, another dtype names the input."""
+    base = _aot(run[0], "base")
+    assert (base["outcome"], base["nearest"], base["differs"]) == ("no_entry", None, [])
+    assert base["key"].startswith("a")
+    miss = _aot(run[0], "dtype")
+    assert miss["nearest"] == base["key"]
+    assert miss["differs"] == [{"factor": "example_inputs[0]", "stored": "float32[64]", "wanted": "float64[64]"}]
+    assert _factors(_aot(run[0], "inductor_config")) == ["inductor_config.max_autotune_pointwise"]
+
+
+def test_a_functorch_config_names_the_aotautograd_factor_alone(run) -> None:
+    """functorch's ``activation_memory_budget`` is in the AOTAutograd key, not the FX graphs':
+    they hit, and the one miss names the config (torch hashes functorch's config as one pickle;
+    cachedb lists it per name)."""
+    (miss,) = run[0]["aot_config"]["misses"]
+    assert miss == _aot(run[0], "aot_config")
+    assert miss["nearest"] == _aot(run[0], "base")["key"]
+    assert miss["differs"] == [{"factor": "autograd_config.activation_memory_budget", "stored": "1.0", "wanted": "0.5"}]
+
+
+def test_an_aotautograd_guard_miss(run) -> None:
+    miss = _aot(run[0], "guard")
+    assert miss["key"] == _aot(run[0], "guard_base")["key"]
+    assert (miss["outcome"], miss["nearest"]) == ("guards_failed", miss["key"])
+
+
 def test_a_hit_records_no_miss(run) -> None:
     assert run[0]["hit"]["misses"] == run[0]["dynamo_config"]["misses"]
 
@@ -140,16 +175,19 @@ def test_factors_stored_compactly_and_cleared_with_their_entries(run, tmp_path: 
     db = CacheDB(str(path))
     try:
         with db.engine.connect() as conn:
-            entries = conn.execute(text("SELECT count(*) FROM entry_factors")).scalar_one()
+            entries = dict(conn.execute(text("SELECT kind, count(*) FROM entry_factors GROUP BY kind")).all())
             shared = conn.execute(text("SELECT count(*) FROM key_factors")).scalar_one()
             # SQL over the factors: the dtype of the first input of every stored FX graph entry
             dtypes = set(conn.execute(text(
                 "SELECT f.value FROM entry_factors e, json_each(e.factor_ids) j JOIN key_factors f ON f.id = j.value "
                 "WHERE e.kind = 'fxgraph' AND f.factor = 'example_inputs[0]'")).scalars())
-        assert entries == 7 and shared < 2 * 600  # ~600 factors a key, nearly all shared
+        # one per key compiled (the guard step's second variant shares its key's); ~600 factors
+        # a key, nearly all shared, by the AOTAutograd keys too (the same Inductor config)
+        assert entries == {"fxgraph": 7, "aotautograd": 8} and shared < 2 * 600
         assert {"float32[64]", "float64[64]", "float32[32]"} <= dtypes
         with db.transaction() as repos:
             repos.guarded.clear("fxgraph")
+            repos.guarded.clear("aotautograd")
         with db.engine.connect() as conn:
             assert conn.execute(text("SELECT count(*) FROM entry_factors")).scalar_one() == 0
     finally:
