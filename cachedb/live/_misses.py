@@ -19,8 +19,8 @@ with these parameters: torch 2.13):
   its ``sanitize_gm_for_cache`` block. torch makes the lines only under DEBUG logging ("debug_lines
   re-hashes every attribute individually and is expensive"); where the local database holds no
   variant of ``key`` (a miss is likely) cachedb has torch make them, ``pickler.debug_lines(details)``
-  (:func:`aot_debug_lines`; ~15 ms for ~630 factors on a 2-core CPU), and holds them for the
-  lookup that follows. A key with stored variants costs nothing more.
+  (:func:`aot_debug_lines`; ~15 ms for ~690 factors on a 2-core CPU), and holds them for the
+  lookup that follows. A key with stored variants costs one index-only query of the local file.
 - ``AOTAutogradCache._lookup``: ``None`` (no entry, or none whose guards held) is a miss,
   recorded with those factors, which are then held for the entry torch compiles next.
 
