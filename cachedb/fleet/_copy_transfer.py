@@ -339,35 +339,36 @@ class _Transfer:
             )
 
     def _entry_factors(self) -> None:
-        """The key factors of SRC's entries (``entry_factors``, revision 0013): per batch, the
-        ``key_factors`` rows its id arrays name are read from SRC and found in DST by
-        ``(factor, hash)`` (added where DST lacks them, DST's kept), and each ``(kind, key)``
-        DST has no factors for is added with its ids remapped to DST's. ``key_factors`` rows
-        only the miss log refers to stay behind (the miss log is a database's own)."""
+        """The key factors of SRC's entries (``entry_factors``, revision 0013): per batch, each
+        ``(kind, key)`` DST has no factors for is added with its ids remapped to DST's, the
+        ``key_factors`` rows it names read from SRC and found in DST by ``(factor, hash)``
+        (added where DST lacks them, DST's kept). ``key_factors`` rows no entry copied names
+        stay behind (those only the miss log names: the miss log is a database's own)."""
         if not self.src.has("entry_factors") or not self.src.has("key_factors"):
             return
         ef = _T["entry_factors"]
         read = [0, 0]  # key_factors rows and bytes read
         for batch in self._batches("entry_factors", prefetch=False):  # SRC's key_factors read on the way
-            lists = [id_list(v["factor_ids"]) for v, _ in batch]
-            wanted = sorted({i for ids in lists for i in ids} - self.factor.keys())
-            src_rows = KeyFactorRepository(self.conn).by_id(wanted)
             with self._write() as w:
-                order = list(src_rows)
-                dst_ids, added = KeyFactorRepository(w).map_ids([src_rows[i] for i in order])
-                mapping = dict(zip(order, dst_ids))
                 have: set[tuple[str, str]] = set()
                 if not self.fresh:
                     keys = sorted({v["key"] for v, _ in batch})
                     for start in range(0, len(keys), _KEYS_PER_QUERY):
                         have.update((k, key) for k, key in w.execute(select(ef.c.kind, ef.c.key).where(
                             ef.c.key.in_(keys[start:start + _KEYS_PER_QUERY]))))
-                new = []
-                for (v, n), ids in zip(batch, lists):
+                todo = []
+                for v, n in batch:
                     natural = (v["kind"], v["key"])
-                    if natural in have:
-                        continue
-                    have.add(natural)
+                    if natural not in have:
+                        have.add(natural)
+                        todo.append((v, n, id_list(v["factor_ids"])))
+                wanted = sorted({i for _, _, ids in todo for i in ids} - self.factor.keys())
+                src_rows = KeyFactorRepository(self.conn).by_id(wanted)
+                order = list(src_rows)
+                dst_ids, added = KeyFactorRepository(w).map_ids([src_rows[i] for i in order])
+                mapping = dict(zip(order, dst_ids))
+                new = []
+                for v, n, ids in todo:
                     remapped = [mapping.get(i, self.factor.get(i)) for i in ids]
                     new.append(({"kind": v["kind"], "key": v["key"],
                                  "factor_ids": id_text([i for i in remapped if i is not None])}, n))
