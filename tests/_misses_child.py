@@ -1,10 +1,12 @@
 """Misses of every cause, one after another in one process under cachedb, each explained by
 ``cachedb misses --format json`` (run in-process) right after it; printed as JSON.
 
-    python tests/_misses_child.py OUT.json DB
+    python tests/_misses_child.py OUT.json DB [REMOTE_URL]
 
 Each step resets Dynamo and compiles a perturbation of the first step's compile (real
-``torch.compile``, CPU); the report holds per step its name and the newest miss's JSON.
+``torch.compile``, CPU); the report holds per step its name, the newest miss's JSON and the
+newest AOTAutograd miss's (``aot``). With REMOTE_URL the entries are also written to that
+shared tier (machine A of ``cachedb misses --remote``), flushed before the report is written.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import cachedb
 from cachedb.live import active_store
 
 out_path, db_path = sys.argv[1], sys.argv[2]
-cachedb.install(db_path)
+cachedb.install(db_path, remote=sys.argv[3] if len(sys.argv) > 3 else None)
 
 from click.testing import CliRunner  # noqa: E402
 
@@ -47,7 +49,9 @@ def step(name, fn, *args, dynamic=False, patch=contextlib.nullcontext):
     active_store().flush()
     res = CliRunner().invoke(main, ["--db", db_path, "misses", "-n", "1", "--format", "json"])
     assert res.exit_code == 0, res.output
-    report.append({"step": name, "misses": json.loads(res.stdout)})
+    aot = CliRunner().invoke(main, ["--db", db_path, "misses", "-n", "1", "--kind", "aotautograd", "--format", "json"])
+    assert aot.exit_code == 0, aot.output
+    report.append({"step": name, "misses": json.loads(res.stdout), "aot": json.loads(aot.stdout)})
 
 
 report: list[dict] = []
@@ -60,9 +64,13 @@ step("function", g, torch.randn(64))
 step("dynamo_config", f, torch.randn(64), dynamic=None,
      patch=lambda: torch._dynamo.config.patch(assume_static_by_default=False))
 step("hit", f, torch.randn(64))
+step("aot_config", f, torch.randn(64),  # functorch's config: the AOTAutograd key alone, the FX graphs hit
+     patch=lambda: torch._functorch.config.patch(activation_memory_budget=0.5))
 step("guard_base", k, torch.ones(2), 6, dynamic=True)
 step("guard", k, torch.ones(2), 4, dynamic=True)
 active_store().flush_hits()
+if active_store().remote is not None:
+    assert active_store().remote.flush(60)
 res = CliRunner().invoke(main, ["--db", db_path, "stats", "--format", "json"])
 report.append({"step": "stats", "rows": json.loads(res.stdout)})
 with open(out_path, "w") as fh:

@@ -39,6 +39,18 @@ def pg_url() -> Iterator[str]:
 
     Fails (does not skip) where PostgreSQL is unreachable, unless CACHEDB_TEST_NO_PG=1.
     """
+    yield from _fresh_pg_schema()
+
+
+@pytest.fixture(scope="module")
+def module_pg_url() -> Iterator[str]:
+    """:func:`pg_url`, one schema for a module's tests (a shared tier that a module fixture's
+    child process fills once for all of them)."""
+    yield from _fresh_pg_schema()
+
+
+def _fresh_pg_schema() -> Iterator[str]:
+    """A fresh schema's URL while the generator runs; skips or fails as :func:`pg_url` says."""
     if not _PG:
         if os.environ.get("CACHEDB_TEST_NO_PG") == "1":
             pytest.skip("PostgreSQL disabled by CACHEDB_TEST_NO_PG=1")

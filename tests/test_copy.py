@@ -20,6 +20,7 @@ from sqlalchemy import inspect, select, text
 from cachedb import CacheDB, SchemaTooNewError
 from cachedb.store import migrate as _migrate
 from cachedb.formats.local_cache_doc import ValueLeaf
+from cachedb.keys.factors import Factor
 from cachedb.store.payload import unpack
 from cachedb.store.signing import ENV_KEY, Signer
 from cachedb.cli import main
@@ -58,8 +59,9 @@ def _op_list(n: int) -> bytes:
 
 
 def fill(db: CacheDB, cache_dir: Path, *, tag: str = "a", quarantine: bool = True) -> None:
-    """The real cache, kernel files (one blob shared by two keys), a CUTLASS op list and, with
-    ``quarantine``, one FX entry moved to quarantine."""
+    """The real cache, key factors of its FX graph / AOTAutograd keys (a function of the key,
+    one factor shared by all), kernel files (one blob shared by two keys), a CUTLASS op list
+    and, with ``quarantine``, one FX entry moved to quarantine."""
     report = Importer(db).run(cache_dir)
     assert report.problems == []
     rng = random.Random(tag)
@@ -84,6 +86,9 @@ def fill(db: CacheDB, cache_dir: Path, *, tag: str = "a", quarantine: bool = Tru
         repos.choices.put_new([
             describe(h, h.split("-", 1)[0], "", {"backend": "extern" if h.startswith("_") else "CPP"})
             for h in repos.session.execute(text("SELECT DISTINCT choice_hash FROM autotune_timings")).scalars()])
+        for kind, key in repos.session.execute(text("SELECT DISTINCT kind, key FROM guarded_entries")).all():
+            repos.key_factors.put(kind, key, [Factor("gm", hashlib.sha256(key.encode()).hexdigest()[:16], key[:8]),
+                                              Factor("inductor_config.max_autotune", "h" * 16, "False")])
         if quarantine:
             kind, key, variant = repos.session.execute(text(
                 "SELECT kind, key, variant FROM guarded_entries WHERE kind = 'fxgraph' ORDER BY key, variant")).first()
@@ -102,13 +107,16 @@ _PARENTS = {"fingerprint_id": ("system_fingerprints", "fingerprint_key"), "blob_
 
 def dump(location: str | Path, *, positions: bool = True) -> dict[str, list[tuple]]:
     """Every row of every table, ids left out and foreign keys replaced by the parent's
-    natural key, timestamps in UTC, guarded entries' payloads as their content (verified),
-    sorted: equal dumps = the same content."""
+    natural key (an entry's key factor ids by each factor's ``(factor, hash)``), timestamps in
+    UTC, guarded entries' payloads as their content (verified), sorted: equal dumps = the same
+    content."""
     out: dict[str, list[tuple]] = {}
     with CacheDB(location, upgrade=False) as db, db.engine.connect() as conn:
         names = set(inspect(conn).get_table_names()) | set(inspect(conn).get_view_names())
         keys = {col: dict(conn.execute(select(Base.metadata.tables[t].c.id, Base.metadata.tables[t].c[c])).all())
                 for col, (t, c) in _PARENTS.items() if t in names}
+        factors = {i: (f, h) for i, f, h in conn.execute(text("SELECT id, factor, hash FROM key_factors"))} \
+            if "key_factors" in names else {}
         for table in TABLES:
             if table not in names:
                 continue
@@ -121,6 +129,8 @@ def dump(location: str | Path, *, positions: bool = True) -> dict[str, list[tupl
                         continue
                     if name in _PARENTS and value is not None:
                         value = keys[name][value]
+                    if name == "factor_ids":
+                        value = tuple(factors[int(i)] for i in json.loads(value))
                     if isinstance(value, dt.datetime):
                         value = (value.replace(tzinfo=dt.timezone.utc) if value.tzinfo is None
                                  else value.astimezone(dt.timezone.utc))

@@ -1,9 +1,12 @@
-"""Every miss explained: the factors of FX graph keys kept with their entries, each miss in a
-bounded log, ``cachedb misses`` naming the factors that differ, and ``stats``' seconds saved.
+"""Every miss explained: the factors of FX graph and AOTAutograd keys kept with their entries,
+each miss in a bounded log, ``cachedb misses`` naming the factors that differ (against the
+database's own entries or a shared tier's), the factors carried by copy, merge and the remote
+tier, and ``stats``' seconds saved.
 
 One child process (tests/_misses_child.py) compiles, under cachedb, a function and then one
 perturbation of it after another (real ``torch.compile``, CPU), asking ``cachedb misses``
-after each; the tests check its report and the database it leaves."""
+after each, its entries also written to a PostgreSQL shared tier (machine A); the tests check
+its report, the database it leaves and the shared tier (no test compiles anything else)."""
 
 from __future__ import annotations
 
@@ -22,8 +25,14 @@ from sqlalchemy import text
 
 from cachedb import CacheDB
 from cachedb.cli import main
+from cachedb.fleet.copy import copy_database, merge_databases
+from cachedb.fleet.trust import TrustPolicy
 from cachedb.keys.factors import Factor, differences, equal_count, parse_debug_lines, readable
+from cachedb.live._remote import RemoteTier
+from cachedb.live._store import LiveStore
 from cachedb.settings import SettingError, read
+
+from .conftest import _PG
 
 #: Its module fixtures build real caches: one worker builds each once (xdist --dist loadgroup).
 pytestmark = pytest.mark.xdist_group("misses")
@@ -34,15 +43,17 @@ CHILD = Path(__file__).with_name("_misses_child.py")
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, dict], Path]:
-    """The child's report by step, and its database."""
+def run(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> tuple[dict[str, dict], Path]:
+    """The child's report by step, and its database; its entries also in the shared tier of
+    ``module_pg_url`` where PostgreSQL is reachable."""
     tmp = tmp_path_factory.mktemp("misses")
     env = {k: v for k, v in os.environ.items() if not k.startswith("CACHEDB_")}
     env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp / "inductor")
     env["TMPDIR"] = str(tmp / "tmp")
     os.makedirs(env["TMPDIR"])
     out, db = tmp / "report.json", tmp / "cache.db"
-    proc = subprocess.run([sys.executable, str(CHILD), str(out), str(db)], env=env, capture_output=True,
+    remote = [request.getfixturevalue("module_pg_url")] if _PG else []
+    proc = subprocess.run([sys.executable, str(CHILD), str(out), str(db), *remote], env=env, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return {s["step"]: s for s in json.loads(out.read_text())}, db
@@ -56,6 +67,12 @@ def _only(report: dict[str, dict], step: str) -> dict:
 
 def _factors(miss: dict) -> list[str]:
     return [d["factor"] for d in miss["differs"]]
+
+
+def _aot(report: dict[str, dict], step: str) -> dict:
+    (miss,) = report[step]["aot"]
+    assert miss["kind"] == "aotautograd"
+    return miss
 
 
 def test_first_compile_has_nothing_near(run) -> None:
@@ -108,6 +125,34 @@ def test_a_guard_failing_on_a_dynamic_size(run) -> None:
     assert "6 <= " in guards
 
 
+def test_aotautograd_misses_name_their_factors(run) -> None:
+    """The AOTAutograd key of each step has factors of its own (torch's debug lines of
+    ``AOTAutogradCacheDetails``): the first has nothing near, another dtype names the input."""
+    base = _aot(run[0], "base")
+    assert (base["outcome"], base["nearest"], base["differs"]) == ("no_entry", None, [])
+    assert base["key"].startswith("a")
+    miss = _aot(run[0], "dtype")
+    assert miss["nearest"] == base["key"]
+    assert miss["differs"] == [{"factor": "example_inputs[0]", "stored": "float32[64]", "wanted": "float64[64]"}]
+    assert _factors(_aot(run[0], "inductor_config")) == ["inductor_config.max_autotune_pointwise"]
+
+
+def test_a_functorch_config_names_the_aotautograd_factor_alone(run) -> None:
+    """functorch's ``activation_memory_budget`` is in the AOTAutograd key, not the FX graphs':
+    they hit, and the one miss names the config (torch hashes functorch's config as one pickle;
+    cachedb lists it per name)."""
+    (miss,) = run[0]["aot_config"]["misses"]
+    assert miss == _aot(run[0], "aot_config")
+    assert miss["nearest"] == _aot(run[0], "base")["key"]
+    assert miss["differs"] == [{"factor": "autograd_config.activation_memory_budget", "stored": "1.0", "wanted": "0.5"}]
+
+
+def test_an_aotautograd_guard_miss(run) -> None:
+    miss = _aot(run[0], "guard")
+    assert miss["key"] == _aot(run[0], "guard_base")["key"]
+    assert (miss["outcome"], miss["nearest"]) == ("guards_failed", miss["key"])
+
+
 def test_a_hit_records_no_miss(run) -> None:
     assert run[0]["hit"]["misses"] == run[0]["dynamo_config"]["misses"]
 
@@ -140,16 +185,19 @@ def test_factors_stored_compactly_and_cleared_with_their_entries(run, tmp_path: 
     db = CacheDB(str(path))
     try:
         with db.engine.connect() as conn:
-            entries = conn.execute(text("SELECT count(*) FROM entry_factors")).scalar_one()
+            entries = dict(conn.execute(text("SELECT kind, count(*) FROM entry_factors GROUP BY kind")).all())
             shared = conn.execute(text("SELECT count(*) FROM key_factors")).scalar_one()
             # SQL over the factors: the dtype of the first input of every stored FX graph entry
             dtypes = set(conn.execute(text(
                 "SELECT f.value FROM entry_factors e, json_each(e.factor_ids) j JOIN key_factors f ON f.id = j.value "
                 "WHERE e.kind = 'fxgraph' AND f.factor = 'example_inputs[0]'")).scalars())
-        assert entries == 7 and shared < 2 * 600  # ~600 factors a key, nearly all shared
+        # one per key compiled (the guard step's second variant shares its key's); ~600 factors
+        # a key, nearly all shared, by the AOTAutograd keys too (the same Inductor config)
+        assert entries == {"fxgraph": 7, "aotautograd": 8} and shared < 2 * 600
         assert {"float32[64]", "float64[64]", "float32[32]"} <= dtypes
         with db.transaction() as repos:
             repos.guarded.clear("fxgraph")
+            repos.guarded.clear("aotautograd")
         with db.engine.connect() as conn:
             assert conn.execute(text("SELECT count(*) FROM entry_factors")).scalar_one() == 0
     finally:
@@ -158,6 +206,114 @@ def test_factors_stored_compactly_and_cleared_with_their_entries(run, tmp_path: 
     assert res.exit_code == 0, res.output
     # no stored entry has factors left (a guard miss names its own key, whose guards failed)
     assert all(m["nearest"] is None for m in json.loads(res.stdout) if m["outcome"] != "guards_failed")
+
+
+def _without_entries(source: Path, target: Path) -> Path:
+    """A copy of ``source`` with its miss log and without its entries (nor their factors)."""
+    shutil.copy(source, target)
+    db = CacheDB(str(target))
+    try:
+        with db.transaction() as repos:
+            repos.guarded.clear("fxgraph")
+            repos.guarded.clear("aotautograd")
+    finally:
+        db.close()
+    return target
+
+
+def _misses_json(db: Path, *options: str) -> list[dict]:
+    res = CliRunner().invoke(main, ["--db", str(db), "misses", "-n", "50", "--format", "json", *options])
+    assert res.exit_code == 0, res.output
+    return json.loads(res.stdout)
+
+
+def test_misses_against_the_shared_tier(run, module_pg_url: str, tmp_path: Path) -> None:
+    """Machine A (the child) wrote its entries with their factors to the shared tier; machine
+    B holds the same misses and no entry: against its own database nothing is near, against
+    the shared tier each miss names A's nearest key and the factors that differ."""
+    report, db = run
+    b = _without_entries(db, tmp_path / "b.db")
+    assert all(m["nearest"] is None for m in _misses_json(b) if m["outcome"] != "guards_failed")
+    shared: dict[tuple[str, str], dict] = {}
+    for m in _misses_json(b, "--remote", module_pg_url):  # newest first: a key's newest miss
+        shared.setdefault((m["kind"], m["key"]), m)
+    dtype = shared[("fxgraph", _only(report, "dtype")["key"])]
+    assert dtype["nearest"] == _only(report, "base")["key"]
+    assert dtype["differs"] == [{"factor": "example_inputs[0]", "stored": "float32[64]", "wanted": "float64[64]"}]
+    aot = shared[("aotautograd", _aot(report, "aot_config")["key"])]
+    assert aot["nearest"] == _aot(report, "base")["key"]
+    assert _factors(aot) == ["autograd_config.activation_memory_budget"]
+    guard = shared[("fxgraph", _only(report, "guard")["key"])]  # A holds variants of the key: their guards failed
+    assert guard["nearest"] == guard["key"] and "6 <= " in guard["guards"][0]
+    # every entry A wrote took its factors to the shared tier
+    remote = CacheDB(module_pg_url, upgrade=False)
+    try:
+        with remote.engine.connect() as conn:
+            counts = dict(conn.execute(text("SELECT kind, count(*) FROM entry_factors GROUP BY kind")).all())
+    finally:
+        remote.close()
+    assert counts == {"fxgraph": 7, "aotautograd": 8}
+
+
+def test_misses_remote_that_is_no_database(run, tmp_path: Path) -> None:
+    res = CliRunner().invoke(main, ["--db", str(run[1]), "misses", "--remote", str(tmp_path / "none.db")])
+    assert res.exit_code == 1
+    assert str(tmp_path / "none.db") in res.output and len(res.output.strip().splitlines()) == 1
+
+
+def _all_factors(location: str) -> dict[tuple[str, str], dict[str, tuple[str, str]]]:
+    """``{(kind, key): {factor: (hash, value)}}`` of every entry of the database at ``location``."""
+    db = CacheDB(location, upgrade=False)
+    try:
+        with db.read() as repos:
+            return {(kind, key): f for kind in ("fxgraph", "aotautograd")
+                    for key, (_at, f) in repos.key_factors.all_of_kind(kind).items()}
+    finally:
+        db.close()
+
+
+def test_copy_and_merge_carry_factors(run, pg_url: str, tmp_path: Path) -> None:
+    """SQLite -> PostgreSQL -> SQLite keeps every entry's factors; a merge into a database
+    whose ids differ remaps them, keeps its own, and adds nothing the second time."""
+    want = _all_factors(str(run[1]))
+    assert len(want) == 15
+    report = copy_database(run[1], pg_url)
+    assert report.tables["entry_factors"].added == 15 and report.tables["key_factors"].added > 600
+    assert _all_factors(pg_url) == want
+    back = tmp_path / "back.db"
+    copy_database(pg_url, back)
+    assert _all_factors(str(back)) == want
+    other = tmp_path / "other.db"
+    with CacheDB(other) as db, db.transaction() as repos:  # other ids: rows of its own first
+        repos.key_factors.ids([Factor(f"own{i}", "h", "v") for i in range(50)])
+        repos.guarded.put("fxgraph", "fown", b"\x80\x04N.", guards_expr=None)
+        repos.key_factors.put("fxgraph", "fown", [Factor("gm", "hown", "own code")])
+    merged = merge_databases([run[1]], other)
+    assert merged.tables["entry_factors"].added == 15
+    assert _all_factors(str(other)) == {**want, ("fxgraph", "fown"): {"gm": ("hown", "own code")}}
+    again = merge_databases([run[1]], other)
+    assert (again.tables["entry_factors"].added, again.tables["key_factors"].added) == (0, 0)
+
+
+def test_remote_pull_carries_factors(run, module_pg_url: str, tmp_path: Path) -> None:
+    """Machine B pulls A's entries from the shared tier in one query each; their factors land
+    in B's file (the factor rows B had not seen looked up after the pull)."""
+    report, db = run
+    want = _all_factors(str(db))
+    tier = RemoteTier(module_pg_url, trust=TrustPolicy(accept_unsigned=True))
+    b = LiveStore(str(tmp_path / "b.db"), remote=tier)
+    keys = [("fxgraph", _only(report, "base")["key"]), ("aotautograd", _aot(report, "base")["key"]),
+            ("fxgraph", _only(report, "dtype")["key"])]
+    try:
+        for kind, key in keys:
+            before = tier.counts["lookup_statements"]
+            assert list(b.guarded_candidates(kind, key))
+            assert tier.counts["lookup_statements"] - before == 1
+            assert tier.flush(30)
+    finally:
+        b.close()
+    assert tier.counts["failures"] == 0
+    assert _all_factors(str(tmp_path / "b.db")) == {k: want[k] for k in keys}
 
 
 def test_csv_output(run) -> None:

@@ -517,9 +517,9 @@ def _set_timeout(ctx: click.Context, _param: click.Parameter, value: float | Non
 
 _DB_HELP = ("SQLite file or SQLAlchemy URL; before or after the command. Default: $CACHEDB_URL, "
             "$CACHEDB_PATH, else ~/.cache/cachedb/cachedb.db.")
-_REMOTE_HELP = ("`run` only: a shared database (SQLAlchemy URL, e.g. PostgreSQL) behind --db: local "
+_REMOTE_HELP = ("`run`: a shared database (SQLAlchemy URL, e.g. PostgreSQL) behind --db: local "
                 "misses are looked up there and copied into --db; local writes are copied there. "
-                "Default: $CACHEDB_REMOTE_URL.")
+                "Default: $CACHEDB_REMOTE_URL. `misses`: the database whose entries explain --db's misses.")
 _TIMEOUT_HELP = (f"Seconds to wait for a database another process has locked (default {DEFAULT_TIMEOUT_S:g}; "
                  f"0: fail at once; at most {MAX_TIMEOUT_S}), e.g. --timeout 120.")
 

@@ -12,6 +12,7 @@ from rich.text import Text
 from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 
+from .._errors import DatabaseOpenError
 from ..store.engine import (
     default_location,
     set_read_only,
@@ -27,11 +28,13 @@ from ._common import (
     _accepts,
     _columns,
     _Context,
+    _fail,
     _human,
     _printable,
     _progress_callback,
     confirm,
     db_options,
+    describe_error,
     emit,
     err,
     main,
@@ -444,28 +447,47 @@ def recover(damaged: str, new: str, method: str, fmt: str, dry_run: bool) -> Non
 @main.command()
 @click.option("--limit", "-n", type=click.IntRange(min=1), default=20, show_default=True,
               help="How many of the newest misses to show.")
-@click.option("--kind", type=click.Choice(["fxgraph"]), default=None, help="Only misses of this kind.")
+@click.option("--kind", type=click.Choice(["fxgraph", "aotautograd"]), default=None, help="Only misses of this kind.")
+@click.option("--remote", metavar="URL", default=None,
+              help="Explain the misses against the entries of this database (the shared tier, a SQLAlchemy URL "
+                   "or a file) instead of --db's own; read only.")
 @click.option("--format", "fmt", type=FORMATS, default="table", show_default=True)
 @db_options
 @pass_ctx
-def misses(obj: _Context, limit: int, kind: str | None, fmt: str) -> None:
+def misses(obj: _Context, limit: int, kind: str | None, remote: str | None, fmt: str) -> None:
     """Recent cache misses, newest first, each with the nearest stored entry and the factors
     of torch's key that differ (stored -> wanted).
 
-    A live process records each FX graph lookup that misses (no entry, guards failed, or a
-    bypass), the newest CACHEDB_MISS_LOG (1000) per database. --format json gives per miss:
-    kind, key, outcome, nearest (a key or null) and differs (a list of {factor, stored,
-    wanted}); a guards_failed miss also gives guards, the stored guard expressions that failed.
+    A live process records each FX graph and AOTAutograd lookup that misses (no entry,
+    guards failed, or an FX graph bypass), the newest CACHEDB_MISS_LOG (1000) per database.
+    --format json gives per miss: kind, key, outcome, nearest (a key or null) and differs (a
+    list of {factor, stored, wanted}); a guards_failed miss also gives guards, the stored
+    guard expressions that failed. With --remote the nearest entry is one of the shared
+    database's (why this machine missed what another machine stored there).
 
     \b
     Example:
       cachedb --db cache.db misses -n 5
       cachedb --db cache.db misses --format json
+      cachedb --db cache.db misses --remote postgresql+psycopg://cache-host/inductor
     """
     from ..tools.misses import COLUMNS, explain, words
 
+    remote = remote or obj.remote
     with obj.open(existing=True) as db, db.read() as repos:
-        rows = explain(repos.session, limit=limit, kind=kind)
+        if remote is None:
+            rows = explain(repos.session, limit=limit, kind=kind)
+        else:  # the shared database's errors name it, not --db
+            other = _Context(remote, obj.timeout)
+            try:
+                with other.open(existing=True, upgrade=False) as shared, shared.read() as theirs:
+                    rows = explain(repos.session, limit=limit, kind=kind, against=theirs.session)
+            except DatabaseOpenError as exc:
+                if isinstance(exc.__cause__, SQLAlchemyError):
+                    _fail(describe_error(exc.__cause__, other.where, obj.timeout))
+                raise
+            except SQLAlchemyError as exc:
+                _fail(describe_error(exc, other.where, obj.timeout))
     if fmt != "json":
         table = fmt == "table"  # short keys, one factor a line
         rows = [{

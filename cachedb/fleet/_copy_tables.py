@@ -13,6 +13,8 @@ TABLES = (
     "kernel_blobs",
     "kernel_artifacts",
     "guarded_entries",
+    "key_factors",
+    "entry_factors",
     "autotune_timings",
     "autotune_choices",
     "local_cache_values",

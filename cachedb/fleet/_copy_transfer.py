@@ -17,10 +17,12 @@ from ..store.bulk import matching as _matching
 from ..store.bulk import utc as _utc
 from ..store.engine import WRITE_OPTION
 from .._errors import CopyError, CorruptPayloadError
+from ..keys.factors import Factor
 from ..store.payload import repacked_guarded
 from ..db import CacheDB
 from ..store.tables import DYNAMO_TABLES, NATURAL_KEY_COLUMNS, NEWEST_WINS_COMPARED
 from ..repositories import timings as timings_repo
+from ..repositories.factors import KeyFactorRepository, id_list, id_text
 from ._copy_report import CopyProgress, CopyReport, ProgressCallback
 from ._copy_source import _Source, _prefetched
 from ._copy_tables import _T
@@ -61,6 +63,8 @@ class _Transfer:
         self.batch_rows, self.batch_bytes = batch_rows, batch_bytes
         self.fp: dict[int, int] = {}
         self.blob: dict[int, int] = {}
+        #: SRC ``key_factors`` id -> DST id, of the factors the entries copied so far refer to
+        self.factor: dict[int, int] = {}
         self.position_offset = 0
         #: What a reader thread does ahead of the writes (:meth:`_batches`).
         self.prefetch: str | None = (
@@ -310,6 +314,7 @@ class _Transfer:
         self._by_natural_key("kernel_blobs", "sha256", self.blob)
         self._keyed("kernel_artifacts", _natural("kernel_artifacts"), self._artifact)
         self._keyed("guarded_entries", _natural("guarded_entries"), self._guarded)
+        self._entry_factors()
         if self.mode == "merge" and self.shared is not None:
             self.position_offset = timings_repo.next_position(self.shared)
         elif self.mode == "merge":
@@ -332,6 +337,60 @@ class _Transfer:
                 ("payload", "size_bytes", "checksum", "signature", "fingerprint_id", "updated_at",
                  "last_used_at", "hit_count"),
             )
+
+    def _entry_factors(self) -> None:
+        """The key factors of SRC's entries (``entry_factors``, revision 0013): per batch, each
+        ``(kind, key)`` DST has no factors for is added with its ids remapped to DST's, the
+        ``key_factors`` rows it names read from SRC and found in DST by ``(factor, hash)``
+        (added where DST lacks them, DST's kept). ``key_factors`` rows no entry copied names
+        stay behind (those only the miss log names: the miss log is a database's own)."""
+        if not self.src.has("entry_factors") or not self.src.has("key_factors"):
+            return
+        ef = _T["entry_factors"]
+        read = [0, 0]  # key_factors rows and bytes read
+        for batch in self._batches("entry_factors", prefetch=False):  # SRC's key_factors read on the way
+            with self._write() as w:
+                have: set[tuple[str, str]] = set()
+                if not self.fresh:
+                    keys = sorted({v["key"] for v, _ in batch})
+                    for start in range(0, len(keys), _KEYS_PER_QUERY):
+                        have.update((k, key) for k, key in w.execute(select(ef.c.kind, ef.c.key).where(
+                            ef.c.key.in_(keys[start:start + _KEYS_PER_QUERY]))))
+                todo = []
+                for v, n in batch:
+                    natural = (v["kind"], v["key"])
+                    if natural not in have:
+                        have.add(natural)
+                        todo.append((v, n, id_list(v["factor_ids"])))
+                wanted = sorted({i for _, _, ids in todo for i in ids} - self.factor.keys())
+                src_rows = KeyFactorRepository(self.conn).by_id(wanted)
+                order = list(src_rows)
+                dst_ids, added = KeyFactorRepository(w).map_ids([src_rows[i] for i in order])
+                mapping = dict(zip(order, dst_ids))
+                new = []
+                for v, n, ids in todo:
+                    remapped = [mapping.get(i, self.factor.get(i)) for i in ids]
+                    new.append(({"kind": v["kind"], "key": v["key"],
+                                 "factor_ids": id_text([i for i in remapped if i is not None])}, n))
+                if new:
+                    bulk_insert(w, ef, [m for m, _ in new])
+            self.factor.update(mapping)
+            nbytes = sum(_factor_bytes(f) for f in src_rows.values())
+            factors = self.report.tables["key_factors"]
+            factors.read += len(src_rows)
+            factors.added += len(added)
+            factors.skipped += len(src_rows) - len(added)
+            factors.bytes += sum(_factor_bytes(f) for f in added)
+            read[0] += len(src_rows)
+            read[1] += nbytes
+            self.done[0] += len(src_rows)
+            self.done[1] += nbytes
+            self._added("entry_factors", new)
+            self.report.tables["entry_factors"].skipped += len(batch) - len(new)
+            self._tick("entry_factors", batch)
+        rows, nbytes = self.src.count(self.conn, "key_factors")  # the rest (the miss log's) counts as done
+        self.done[0] += max(0, rows - read[0])
+        self.done[1] += max(0, nbytes - read[1])
 
     def _timings(self) -> None:
         """Timings, read flat (the view, or an older revision's table) and written through
@@ -405,6 +464,11 @@ _NARROW = {
     "guarded_entries": ("kind", "key"),
     "quarantined_entries": ("kind", "key"),
 }
+
+
+def _factor_bytes(factor: Factor) -> int:
+    """A ``key_factors`` row's bytes as a report counts them: its text, 8 for its id."""
+    return len(factor.factor) + len(factor.hash) + len(factor.value) + 8
 
 
 def _natural(table: str) -> Callable[[dict[str, Any]], tuple]:

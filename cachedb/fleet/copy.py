@@ -31,6 +31,9 @@ table                       natural key                                         
 ``kernel_blobs``            ``sha256``                                            DST's row is kept
 ``kernel_artifacts``        ``(kind, host_key, key, name)``                       DST's row is kept
 ``guarded_entries``         ``(kind, key, variant)`` (variant = payload's hash)   DST's row is kept
+``key_factors``             ``(factor, hash)``: those the ``entry_factors``       DST's row is kept
+                            copied name (not the miss log's)
+``entry_factors``           ``(kind, key)``, its ``key_factors`` ids remapped     DST's row is kept
 ``autotune_timings``        ``(fingerprint key, op, inputs, hint_override,        never the same row: every
                             precision, choice_hash, recorded_at)``                benchmark is history, kept
 ``autotune_choices``        ``choice_hash`` (what torch said of the choice)       DST's row is kept

@@ -17,7 +17,12 @@ writes them into another in the caller's transaction, by the rules of ``cachedb 
 - timings carry the descriptions of the choices they name (``autotune_choices``, revision
   0011: :attr:`Bundle.choices`), added where DST has none for a hash (a stored one stays);
 - fingerprints are unified by ``fingerprint_key``, kernel blobs by ``sha256`` (a blob DST has
-  is never sent again: :func:`missing_blobs` asks first).
+  is never sent again: :func:`missing_blobs` asks first);
+- an FX graph / AOTAutograd key carries its factors (``entry_factors``, revision 0013): the
+  ``key_factors`` ids of the database read come in the same query (:attr:`Bundle.factor_ids`),
+  are looked up there (:func:`resolve_factors`) and stored under DST's own ids, each
+  ``(factor, hash)`` found or added in DST (:func:`store_factors`); DST's factors of a key are
+  kept.
 
 Payloads (zstd frames), checksums and signatures travel as stored: what DST serves is checked
 by DST's ordinary read path, and a signed entry still verifies under the same key. One
@@ -37,6 +42,8 @@ from typing import Any
 
 from sqlalchemy import Connection, Select, insert, select, update
 
+from ..keys.factors import Factor
+from ..repositories.factors import KeyFactorRepository, id_list
 from ..store.bulk import bulk_insert
 from ..store.bulk import utc as _utc
 from .._errors import CorruptPayloadError
@@ -51,6 +58,7 @@ _T = {**metadata.tables, "autotune_timings": AUTOTUNE_TIMINGS}
 _F = _T["system_fingerprints"]
 _BLOBS = _T["kernel_blobs"]
 _OPS = _T["cutlass_ops"]
+_EF = _T["entry_factors"]
 #: Fingerprint columns carried with a row (``fp_<name>``), all but the id.
 _FP_COLUMNS = tuple(c.name for c in _F.c if c.name != "id")
 _BLOB_COLUMNS = tuple(c.name for c in _BLOBS.c if c.name != "id")
@@ -142,13 +150,19 @@ class Bundle:
     """The rows :func:`fetch` read: ``rows`` of the entry's table (ids dropped; ``fp`` holds
     the fingerprint's columns or ``None``; a kernel file's ``sha256`` instead of its blob id),
     ``blobs`` by SHA-256 (kernel files), ``ops`` by request key (CUTLASS op lists),
-    ``choices``: the ``autotune_choices`` rows of the choice hashes timings name (ids dropped)."""
+    ``choices``: the ``autotune_choices`` rows of the choice hashes timings name (ids dropped).
+
+    An FX graph / AOTAutograd key's factors (``entry_factors``): ``factor_ids``, the
+    ``key_factors`` ids of the database read (``[]``: none stored), and ``factors``, those
+    factors themselves once looked up (:func:`resolve_factors`), which :func:`store` writes."""
 
     entry: Entry
     rows: list[dict[str, Any]] = field(default_factory=list)
     blobs: dict[str, dict[str, Any]] = field(default_factory=dict)
     ops: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     choices: list[dict[str, Any]] = field(default_factory=list)
+    factor_ids: list[int] = field(default_factory=list)
+    factors: list[Factor] = field(default_factory=list)
 
     def __bool__(self) -> bool:
         return bool(self.rows)
@@ -163,6 +177,9 @@ def _statement(entry: Entry, with_blobs: bool) -> Select[Any]:
     if "fingerprint_id" in t.c:
         source = source.outerjoin(_F, t.c.fingerprint_id == _F.c.id)
         cols += fp_cols
+    if entry.kind == "guarded":  # the key's factor ids, in the same query (one per variant row)
+        cols.append(select(_EF.c.factor_ids).where(_EF.c.kind == t.c.kind, _EF.c.key == t.c.key)
+                    .scalar_subquery().label("ef_factor_ids"))
     if entry.kind == "kernel":
         source = source.join(_BLOBS, t.c.blob_id == _BLOBS.c.id)
         cols.append(_BLOBS.c.sha256.label("blob_sha256"))
@@ -180,11 +197,14 @@ def _statement(entry: Entry, with_blobs: bool) -> Select[Any]:
 
 def fetch(conn: Connection, entry: Entry, *, with_blobs: bool = True) -> Bundle:
     """The rows of ``entry`` in the database of ``conn``: one query (a CUTLASS op list adds one
-    for its ops). ``with_blobs=False`` reads kernel files without their blobs' bytes (then
+    for its ops; an FX graph / AOTAutograd key's ``factor_ids`` come in the same query).
+    ``with_blobs=False`` reads kernel files without their blobs' bytes (then
     :func:`missing_blobs` and :func:`fetch_blobs`). An empty bundle is falsy."""
     bundle = Bundle(entry)
     for mapping in conn.execute(_statement(entry, with_blobs)).mappings():
-        row = {k: v for k, v in mapping.items() if not k.startswith(("fp_", "blob_"))}
+        row = {k: v for k, v in mapping.items() if not k.startswith(("fp_", "blob_", "ef_"))}
+        if entry.kind == "guarded" and not bundle.factor_ids:
+            bundle.factor_ids = id_list(mapping["ef_factor_ids"])
         if entry.kind == "choices":
             bundle.rows.append(row)
             continue
@@ -235,6 +255,21 @@ def content_digest(bundle: Bundle) -> bytes:
     for row in bundle.choices:
         h.update(repr(sorted((k, v) for k, v in row.items() if k not in _VOLATILE)).encode("utf-8", "surrogatepass"))
     return h.digest()
+
+
+def resolve_factors(conn: Connection, bundle: Bundle, known: dict[int, Factor] | None = None) -> Bundle:
+    """``bundle.factors`` from its ``factor_ids``, the ids of the database of ``conn`` (the one
+    :func:`fetch` read): those in ``known`` (``{id: Factor}`` of that database) without a
+    query, the others with one per 500 (added to ``known``). In place."""
+    ids = bundle.factor_ids
+    if not ids:
+        return bundle
+    known = known if known is not None else {}
+    unknown = [i for i in ids if i not in known]
+    if unknown:
+        known.update(KeyFactorRepository(conn).by_id(unknown))
+    bundle.factors = [known[i] for i in ids if i in known]
+    return bundle
 
 
 def missing_blobs(conn: Connection, sha256s: Iterable[str]) -> set[str]:
@@ -296,16 +331,20 @@ def _natural(table: str, row: dict[str, Any]) -> tuple[Any, ...]:
     return tuple(_utc(row[c]) for c in NATURAL_KEY_COLUMNS[table])
 
 
-def store(conn: Connection, bundle: Bundle) -> int:
+def store(conn: Connection, bundle: Bundle, *, factor_ids: dict[tuple[str, str], int] | None = None) -> int:
     """Write ``bundle`` into the database of ``conn`` (inside the caller's transaction).
 
     Returns the number of rows added or replaced (0: DST held it all already). Rows whose
     fingerprint is required and missing, and kernel files whose blob neither DST nor the
-    bundle holds, are skipped.
+    bundle holds, are skipped. An FX graph / AOTAutograd key's ``factors`` are written with
+    it where DST has none for the key (their ``key_factors`` rows found by ``(factor, hash)``,
+    added where DST lacks them; ``factor_ids``: ``{(factor, hash): id}`` of DST known already,
+    :meth:`~cachedb.repositories.factors.KeyFactorRepository.ids`); they are not counted.
     """
     if not bundle.rows:
         return 0
     table = bundle.entry.table
+    store_factors(conn, bundle, factor_ids=factor_ids)
     if table == "autotune_choices":
         return choices_repo.insert_missing(conn, [_utc_values(r) for r in bundle.rows])
     t = _T[table]
@@ -339,6 +378,16 @@ def store(conn: Connection, bundle: Bundle) -> int:
     if table in NEWEST_WINS_COMPARED:
         return _newest_wins(conn, table, rows)
     return _cutlass(conn, bundle, rows)
+
+
+def store_factors(conn: Connection, bundle: Bundle, *, factor_ids: dict[tuple[str, str], int] | None = None) -> bool:
+    """Write the ``factors`` of ``bundle``'s FX graph / AOTAutograd key into the database of
+    ``conn`` (inside the caller's transaction) unless it has factors for that key already;
+    ``factor_ids`` as :func:`store` takes it. True if written."""
+    if bundle.entry.table != "guarded_entries" or not bundle.factors:
+        return False
+    kind, key = bundle.entry.values
+    return KeyFactorRepository(conn).put(kind, key, bundle.factors, known=factor_ids)
 
 
 def in_form_of(bundle: Bundle, dialect: str) -> Bundle:
@@ -448,7 +497,9 @@ __all__ = [
     "kernel",
     "local_values",
     "missing_blobs",
+    "resolve_factors",
     "store",
+    "store_factors",
     "timings",
     "timings_of_op",
 ]

@@ -1,8 +1,8 @@
-"""Misses explained: the factors of each FX graph key a lookup computes, kept with the entry
-written for it (``entry_factors``) and, when the lookup misses, in the miss log
+"""Misses explained: the factors of each FX graph and AOTAutograd key a lookup computes, kept
+with the entry written for it (``entry_factors``) and, when the lookup misses, in the miss log
 (``cache_misses``, the newest ``CACHEDB_MISS_LOG``).
 
-Seams (torch/_inductor/codecache.py, torch 2.9 to 2.15):
+FX graph seams (torch/_inductor/codecache.py, torch 2.9 to 2.15):
 
 - ``FxGraphCache.prepare_key``: a ``bypass`` (torch will not look up nor save: its
   ``cache_bypass_reason``) is recorded as a miss without a key.
@@ -11,12 +11,32 @@ Seams (torch/_inductor/codecache.py, torch 2.9 to 2.15):
   of the key is stored, ``guards_failed`` when variants are and none held), and the factors are
   held until the entry torch compiles next is put (:meth:`LiveStore.guarded_put`).
 
+AOTAutograd seams (torch/_functorch/_aot_autograd/autograd_cache.py, where torch has them
+with these parameters: torch 2.13):
+
+- ``_get_debug_lines_for_cache_key(pickler, details, key)``: ``autograd_cache_key`` calls it
+  with the pickler and the ``AOTAutogradCacheDetails`` it has just hashed into ``key``, inside
+  its ``sanitize_gm_for_cache`` block. torch makes the lines only under DEBUG logging ("debug_lines
+  re-hashes every attribute individually and is expensive"); where the local database holds no
+  variant of ``key`` (a miss is likely) cachedb has torch make them, ``pickler.debug_lines(details)``
+  (:func:`aot_debug_lines`; ~15 ms for ~690 factors on a 2-core CPU), and holds them for the
+  lookup that follows. A key with stored variants costs one index-only query of the local file.
+- ``AOTAutogradCache._lookup``: ``None`` (no entry, or none whose guards held) is a miss,
+  recorded with those factors, which are then held for the entry torch compiles next.
+
+An AOTAutograd bypass (``BypassAOTAutogradCache``, caught inside ``try_load``) is not
+recorded.
+
 Torch's functions run first and their results are returned unchanged; whatever fails here is
 one warning (:meth:`LiveStore.warn_once`) and never the compile's failure.
 """
 
 from __future__ import annotations
 
+import logging
+import pickle
+import re
+import types
 from typing import TYPE_CHECKING, Any
 
 from ._scopes import route
@@ -29,6 +49,16 @@ PREPARE_KEY_PARAMETERS = ("gm", "example_inputs", "fx_kwargs", "inputs_to_check"
 #: ``FxGraphCache.load_with_key``'s parameters (torch/_inductor/codecache.py).
 LOAD_WITH_KEY_PARAMETERS = ("key", "debug_lines", "example_inputs", "local", "remote_cache", "is_backward",
                             "constants", "evaluate_guards")
+
+#: ``autograd_cache._get_debug_lines_for_cache_key``'s parameters (torch 2.13).
+AOT_DEBUG_LINES_PARAMETERS = ("pickler", "details", "key")
+#: ``AOTAutogradCache._lookup``'s parameters (torch 2.13).
+AOT_LOOKUP_PARAMETERS = ("key", "local", "remote", "args", "cache_info", "aot_config")
+
+#: The debug line of ``AOTAutogradCacheDetails.autograd_config`` (functorch's config, one pickle).
+_AUTOGRAD_CONFIG = re.compile(r"\[[a-z0-9]+\] autograd_config: ")
+
+log = logging.getLogger("cachedb.live")
 
 
 def _state(cache_info: Any) -> str | None:
@@ -71,3 +101,63 @@ def wrap_load_with_key(store: LiveStore, original: Any) -> Any:
         return result
 
     return load_with_key
+
+
+def aot_debug_lines(pickler: Any, details: Any, lines: list[str]) -> list[str]:
+    """The debug lines of an AOTAutograd key: ``lines`` where torch made them (DEBUG logging),
+    else torch's ``pickler.debug_lines(details)``: one ``[<hash>] <attr>: <value>`` line per
+    attribute, list item and dict value, each hashed by the key's own pickler.
+
+    ``autograd_config`` (functorch's config, which ``config.save_config()`` gives torch as one
+    pickle of a dict, so one line whose value is not printable) is listed as torch lists a dict
+    attribute: ``autograd_config[<name>]`` per config, each hashed by the same pickler. That
+    pickle is the one torch made a moment before in this process; where it does not load as a
+    dict, torch's one line stays."""
+    out = list(lines) if lines else list(pickler.debug_lines(details))
+    saved = getattr(details, "autograd_config", None)
+    if not isinstance(saved, bytes):
+        return out
+    try:
+        items = pickle.loads(saved)
+        if not isinstance(items, dict):
+            return out
+        expanded = list(pickler.debug_lines(types.SimpleNamespace(autograd_config=items)))
+    except Exception as exc:  # noqa: BLE001 - torch's one line stays
+        log.debug("cachedb: autograd_config left as one factor: %s", exc)
+        return out
+    at = next((i for i, line in enumerate(out) if _AUTOGRAD_CONFIG.match(line)), None)
+    if at is None:
+        return out
+    return out[:at] + expanded + out[at + 1:]
+
+
+def wrap_aot_debug_lines(store: LiveStore, original: Any) -> Any:
+    """``_get_debug_lines_for_cache_key`` that hands the key's debug lines to the serving store
+    (:meth:`LiveStore.note_aot_key`) and returns torch's own result."""
+    def _get_debug_lines_for_cache_key(pickler: Any, details: Any, key: str) -> Any:
+        lines = original(pickler=pickler, details=details, key=key)
+        try:
+            served = route(store)
+            if served is not None:
+                served.note_aot_key(key, lambda: aot_debug_lines(pickler, details, lines))
+        except Exception as exc:  # noqa: BLE001 - never the compile's failure
+            store.warn_once("miss record", exc)
+        return lines
+
+    return _get_debug_lines_for_cache_key
+
+
+def wrap_aot_lookup(store: LiveStore, original: Any) -> Any:
+    """``AOTAutogradCache._lookup`` that records a miss (:meth:`LiveStore.note_aot_lookup`)."""
+    def _lookup(key: str, local: bool, remote: bool, args: Any, cache_info: Any, aot_config: Any) -> Any:
+        result = original(key=key, local=local, remote=remote, args=args, cache_info=cache_info,
+                          aot_config=aot_config)
+        try:
+            served = route(store)
+            if served is not None:
+                served.note_aot_lookup(key, hit=result is not None)
+        except Exception as exc:  # noqa: BLE001 - never the compile's failure
+            store.warn_once("miss record", exc)
+        return result
+
+    return _lookup

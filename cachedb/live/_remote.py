@@ -18,6 +18,12 @@ puts a :class:`RemoteTier` behind the :class:`~cachedb.live._store.LiveStore`:
   the last one (:class:`~cachedb.fleet.connections.IdleCloser`, ``$CACHEDB_REMOTE_IDLE``,
   default 1 s): the server's connections follow the lookups in flight, not the processes
   alive. At most one per thread that uses the tier (a compiling thread, the writer).
+- **Key factors**: an FX graph / AOTAutograd entry carries the factors of its key both ways
+  (:mod:`cachedb.fleet.tier_sync`). A push sends them with the entry, the remote's ids of the
+  factors this process sent or saw looked up only for the others. A pull reads the remote's
+  factor ids in the lookup's one query; those this process has seen resolve at once, the
+  others are looked up by the writer thread afterwards (one query per 500 ids), off the
+  lookup's path, and stored in the local file.
 - **Coalescing**: the processes sharing one local file (the ranks of a machine, compile
   workers) ask the remote for an entry once between them: the first asks, the others wait for
   it and read what it brought into the local file; an entry one of them sent is not sent again
@@ -62,6 +68,7 @@ from ..fleet import trust as _trust
 from ..fleet.connections import IdleCloser, backoff, idle_seconds_from_environment, options_refused, transient
 from .._errors import SchemaTooNewError, SchemaTooOldError
 from ..db import CacheDB
+from ..keys.factors import Factor
 from . import _coalesce
 
 log = logging.getLogger("cachedb.live")
@@ -79,8 +86,21 @@ RETRY_AFTER_S = 30.0
 DEFAULT_MAX_PENDING = 4096
 #: Entries per remote write transaction.
 PUSH_BATCH = 64
+#: Remote ``key_factors`` rows a process remembers (by id, and by ``(factor, hash)``); past it
+#: the memory starts afresh.
+FACTOR_MEMORY = 200_000
 
 _STOP = object()
+
+
+@dataclass(frozen=True)
+class _FactorLookup:
+    """A queued lookup of the factors of an entry pulled into ``local`` whose ``key_factors``
+    ids (``bundle.factor_ids``, the remote's) this process had not all seen: looked up on the
+    remote by the writer thread, off the lookup's path, then stored in ``local``."""
+
+    bundle: sync.Bundle
+    local: CacheDB
 
 
 @dataclass(frozen=True)
@@ -174,6 +194,10 @@ class RemoteTier:
         self._write_down_until = 0.0
         self._warned: set[str] = set()
         self._asked: set[sync.Entry] = set()
+        #: the remote's ``key_factors`` rows seen by this process: by id (a pull's factor ids
+        #: resolve without a query) and by ``(factor, hash)`` (a push looks up only the others)
+        self._factor_by_id: dict[int, Factor] = {}
+        self._factor_ids: dict[tuple[str, str], int] = {}
         self._coalescers: dict[str, _coalesce.Coalescer | None] = {}  # by local database
         self._pid = os.getpid()
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=max_pending)
@@ -410,6 +434,13 @@ class RemoteTier:
             if screened.refused:
                 self.counts["refused_rows"] += screened.refused
                 self._warn_refused(screened)
+        later = False
+        if bundle and bundle.factor_ids:  # the key's factors: from memory, else looked up off this path
+            known = self._factor_by_id
+            found = [known.get(i) for i in bundle.factor_ids]
+            later = any(f is None for f in found)
+            if not later:
+                bundle.factors = [f for f in found if f is not None]
         if bundle:
             sync.in_form_of(bundle, local.engine.dialect.name)  # before the local write lock
             with local.write() as repos:
@@ -421,6 +452,8 @@ class RemoteTier:
             self.counts["pull_hit"] += 1
             self.counts["pulled_rows"] += added
             log.debug("cachedb: remote hit %s: %d row(s) into the local cache", entry, added)
+            if later:
+                self._queue_factor_lookup(_FactorLookup(bundle, local))
         if slot is not None:
             slot.mark_asked(bool(bundle))
         return bool(bundle)
@@ -476,18 +509,71 @@ class RemoteTier:
                     break
                 batch.append(item)
             releases = [item for item in batch if isinstance(item, _Release)]
+            lookups = [item for item in batch if isinstance(item, _FactorLookup)]
             try:
-                self._send([item for item in batch if not isinstance(item, _Release)])
+                self._send([item for item in batch if not isinstance(item, (_Release, _FactorLookup))])
             except _Down:
                 pass
             except Exception as exc:  # never let the thread die
                 self._write_down_until = time.monotonic() + RETRY_AFTER_S
                 self._warn_once("write", exc, seconds=RETRY_AFTER_S)
             finally:
+                for lookup in lookups:
+                    self._look_up_factors(lookup)
                 for release in releases:  # after the entries queued before them were sent
                     self._release_lease(release.kind, release.key)
                 for _ in batch:
                     q.task_done()
+
+    # -- key factors of pulled entries --------------------------------------------------------
+
+    def _remember_factors(self, by_id: dict[int, Factor]) -> None:
+        """Remember remote ``key_factors`` rows (``{id: Factor}``), both ways."""
+        if len(self._factor_by_id) + len(by_id) > FACTOR_MEMORY:
+            self._factor_by_id, self._factor_ids = {}, {}
+        self._factor_by_id.update(by_id)
+        self._factor_ids.update(((f.factor, f.hash), i) for i, f in by_id.items())
+
+    def _queue_factor_lookup(self, lookup: _FactorLookup) -> None:
+        """Look the factors of a pulled entry up on the writer thread (at once in a
+        :mod:`multiprocessing` child); dropped when the queue is full."""
+        if _in_worker():
+            self._look_up_factors(lookup)
+            return
+        try:
+            self._queue.put_nowait(lookup)
+        except queue.Full:
+            log.debug("cachedb: remote factors of %s not looked up: the queue is full", lookup.bundle.entry)
+            return
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._writer, name="cachedb-remote-writer", daemon=True)
+                self._thread.start()
+
+    def _look_up_factors(self, lookup: _FactorLookup) -> None:
+        """The factors of a pulled entry: the ids this process has not seen looked up on the
+        remote (one query per 500), then stored in the local file where it has none for the
+        key. Never raises (one warning; the entry is served without its factors)."""
+        bundle = lookup.bundle
+        unknown = sorted({i for i in bundle.factor_ids if i not in self._factor_by_id})
+
+        def read(db: CacheDB) -> dict[int, Factor]:
+            found: dict[int, Factor] = {}
+            with db.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+                sync.resolve_factors(conn, sync.Bundle(bundle.entry, factor_ids=unknown), found)
+            return found
+
+        try:
+            if unknown:
+                self._remember_factors(self._run(time.monotonic() + self.timeout_s, read))
+            bundle.factors = [self._factor_by_id[i] for i in bundle.factor_ids if i in self._factor_by_id]
+            if bundle.factors:
+                with lookup.local.write() as repos:
+                    sync.store_factors(repos.session, bundle)  # type: ignore[arg-type]
+        except _Down:
+            pass
+        except Exception as exc:  # noqa: BLE001 - the entry is served without its factors
+            self._warn_once("factor lookup", exc, seconds=None)
 
     # -- compile leases (:mod:`cachedb.live._singleflight`) ------------------------------------
 
@@ -577,6 +663,8 @@ class RemoteTier:
         for entry, local in entries.items():
             with local.lookup() as repos:
                 bundle = sync.fetch(repos.session, entry, with_blobs=False)  # type: ignore[arg-type]
+                if bundle.factor_ids:
+                    sync.resolve_factors(repos.session, bundle)  # type: ignore[arg-type]
             if bundle and self._claim(bundle, local, deadline):
                 bundles.append(bundle)
         if not bundles:
@@ -589,8 +677,12 @@ class RemoteTier:
         for bundle in bundles:  # the remote's form, before its transaction
             sync.in_form_of(bundle, db.engine.dialect.name)  # a kernel's blobs: below, only those the remote lacks
 
+        staged: list[dict[tuple[str, str], int]] = []  # the remote's factor ids this write knows
+
         def write(db: CacheDB) -> int:
             added = 0
+            ids = dict(self._factor_ids)  # afresh on each try: a rolled-back try's ids are void
+            staged[:] = [ids]
             # A writer transaction from its BEGIN (SQLite: BEGIN IMMEDIATE, waiting up to the
             # timeout for the lock): a deferred one that reads first fails at once with
             # "database is locked" when another writer got in between.
@@ -601,15 +693,19 @@ class RemoteTier:
                         missing = sync.missing_blobs(conn, (r["sha256"] for r in bundle.rows))
                         with entries[bundle.entry].lookup() as local_repos:
                             bundle.blobs = sync.fetch_blobs(local_repos.session, missing)  # type: ignore[arg-type]
-                    added += sync.store(conn, bundle)
+                    added += sync.store(conn, bundle, factor_ids=ids)  # type: ignore[arg-type]
             return added
 
         try:
             added = self._run(deadline, write, for_write=True)
         except IntegrityError:
-            # another host wrote the same entry meanwhile (unique key): once more, and the second
-            # run sees what is there
+            # another host wrote the same entry (or factor) meanwhile (unique key): once more,
+            # and the second run sees what is there
             added = self._run(deadline, write, for_write=True)
+        if staged:  # committed: remember the remote's ids of the factors sent
+            ids = staged[0]
+            self._remember_factors({ids[(f.factor, f.hash)]: f for bundle in bundles for f in bundle.factors
+                                    if (f.factor, f.hash) in ids})
         self.counts["push"] += len(bundles)
         self.counts["pushed_rows"] += added
         log.debug("cachedb: remote write: %d entr(ies), %d row(s)", len(bundles), added)

@@ -9,6 +9,9 @@ seam (torch 2.9 to 2.15 unless said)                   served from
 ``AOTAutogradCache.iterate_over_candidates``            ``guarded_entries``
 ``FxGraphCache.prepare_key``, ``load_with_key``         ``entry_factors``, ``cache_misses``
                                                         (:mod:`cachedb.live._misses`)
+``autograd_cache._get_debug_lines_for_cache_key``,      ``entry_factors``, ``cache_misses``
+``AOTAutogradCache._lookup`` (torch 2.13; left out      (kind ``aotautograd``)
+where torch lacks them)
 ``FxGraphCache.clear``, ``AOTAutogradCache.clear``      torch's own, then the kind's rows of the
                                                         database that serves (never a remote)
 ``BundledOutputCodeLoadable.pre_save`` (torch >= 2.11,  ``guarded_entries``: a bundled entry whose
@@ -301,6 +304,23 @@ def _miss_seams(store: LiveStore, cls: type) -> list[_Patch]:
     return [
         _Patch(cls, "prepare_key", staticmethod(_misses.wrap_prepare_key(store, prepare))),
         _Patch(cls, "load_with_key", staticmethod(_misses.wrap_load_with_key(store, load))),
+    ]
+
+
+def _aot_miss_seams(store: LiveStore, module: Any, cls: type) -> list[_Patch]:
+    """``autograd_cache._get_debug_lines_for_cache_key`` and ``AOTAutogradCache._lookup``: the
+    AOTAutograd key factors and misses (:mod:`cachedb.live._misses`). Left out where torch
+    lacks them or has them with other parameters: no AOTAutograd factors nor misses are
+    recorded then, and everything else is served as before."""
+    try:
+        lines = _function(module, "_get_debug_lines_for_cache_key", _misses.AOT_DEBUG_LINES_PARAMETERS)
+        lookup = _function(cls, "_lookup", _misses.AOT_LOOKUP_PARAMETERS)
+    except SeamMissingError as exc:
+        log.debug("cachedb: AOTAutograd misses not recorded: %s", exc)
+        return []
+    return [
+        _Patch(module, "_get_debug_lines_for_cache_key", _misses.wrap_aot_debug_lines(store, lines)),
+        _Patch(cls, "_lookup", staticmethod(_misses.wrap_aot_lookup(store, lookup))),
     ]
 
 
@@ -703,6 +723,7 @@ def module_patches(name: str, store: LiveStore, *, retune: bool = False) -> list
                 + _local_cache_seams(store) + _choices_seams(store) + _worker_compile_cpp_seam())
     if name == AOT_CACHE:
         return (_guarded_seams(store, _require(AOT_CACHE, "AOTAutogradCache"), "aotautograd")
+                + _aot_miss_seams(store, _require(AOT_CACHE), _require(AOT_CACHE, "AOTAutogradCache"))
                 + [_Patch(owner, attr, new) for owner, attr, new in _bundled_aot.patches()])
     if name == AUTOTUNE_CACHE:
         return _best_config_seams(store)

@@ -135,6 +135,8 @@ class LiveStore:
         self._held_choices = threading.local()
         #: the factors of FX graph keys that missed, until their entry is put (:meth:`note_fx_miss`)
         self._factors: dict[tuple[str, str], list[Factor]] = {}
+        #: per thread: the AOTAutograd key computed last and its factors (:meth:`note_aot_key`)
+        self._aot_key = threading.local()
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -540,13 +542,35 @@ class LiveStore:
         """An FX graph lookup of ``key`` missed: keep its factors (parsed from torch's
         ``debug_lines``, :func:`cachedb.keys.factors.parse_debug_lines`) for the entry put
         next under ``key``, and record the miss (``no_entry`` or ``guards_failed``)."""
-        factors = parse_debug_lines(debug_lines)
+        self.note_miss("fxgraph", key, parse_debug_lines(debug_lines))
+
+    def note_miss(self, kind: str, key: str, factors: list[Factor]) -> None:
+        """A lookup of ``kind``/``key`` missed: keep its ``factors`` for the entry put next
+        under ``key``, and record the miss (``no_entry`` or ``guards_failed``)."""
         with self._lock:
-            self._factors[("fxgraph", key)] = factors
+            self._factors[(kind, key)] = factors
             while len(self._factors) > _PENDING_FACTORS:
                 self._factors.pop(next(iter(self._factors)))
-        outcome = "guards_failed" if self.variant_names("fxgraph", key) else "no_entry"
-        self.record_miss("fxgraph", key, outcome, factors)
+        outcome = "guards_failed" if self.variant_names(kind, key) else "no_entry"
+        self.record_miss(kind, key, outcome, factors)
+
+    def note_aot_key(self, key: str, debug_lines: Callable[[], list[str]]) -> None:
+        """torch computed the AOTAutograd ``key`` its lookup asks for next on this thread:
+        unless the local database holds variants of it (a hit is likely: nothing computed),
+        its factors, from ``debug_lines()`` (torch's, :func:`cachedb.live._misses.aot_debug_lines`),
+        are held for :meth:`note_aot_lookup`."""
+        factors = None if self.variant_names("aotautograd", key) else parse_debug_lines(debug_lines())
+        self._aot_key.held = (key, factors)
+
+    def note_aot_lookup(self, key: str, *, hit: bool) -> None:
+        """The AOTAutograd lookup of ``key`` ended: a miss is noted (:meth:`note_miss`) with the
+        factors :meth:`note_aot_key` held for it on this thread (none where it held none)."""
+        held = getattr(self._aot_key, "held", None)
+        self._aot_key.held = None
+        if hit:
+            return
+        factors = held[1] if held is not None and held[0] == key and held[1] is not None else []
+        self.note_miss("aotautograd", key, factors)
 
     def record_miss(self, kind: str, key: str, outcome: str, factors: list[Factor], *, reason: str = "") -> None:
         """Add one miss to the database's miss log (``cache_misses``, the newest

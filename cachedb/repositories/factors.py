@@ -32,18 +32,40 @@ OUTCOMES = ("no_entry", "guards_failed", "bypass")
 Factors = dict[str, tuple[str, str]]
 
 
+def id_list(text: str | None) -> list[int]:
+    """The ids of a JSON array of ``key_factors`` ids (``factor_ids``); ``[]`` for ``None`` or
+    text that is not one."""
+    if text is None:
+        return []
+    try:
+        return [int(i) for i in json.loads(text)]
+    except (ValueError, TypeError):
+        return []
+
+
+def id_text(ids: Sequence[int]) -> str:
+    """``ids`` as the JSON array ``factor_ids`` holds."""
+    return json.dumps([int(i) for i in ids], separators=(",", ":"))
+
+
 class KeyFactorRepository:
     """The factors of each entry's key (``key_factors`` and ``entry_factors``)."""
 
     def __init__(self, session: Session | Connection) -> None:
         self.session = session
 
-    def ids(self, factors: Sequence[Factor]) -> list[int]:
+    def ids(self, factors: Sequence[Factor], *, known: dict[tuple[str, str], int] | None = None) -> list[int]:
         """The ``key_factors`` ids of ``factors`` (in their order), rows added for those not
-        stored yet."""
+        stored yet. ``known``: ``{(factor, hash): id}`` of this database already looked up
+        (asked for none of them again), and given every id found or added here."""
+        return self.map_ids(factors, known=known)[0]
+
+    def map_ids(self, factors: Sequence[Factor], *, known: dict[tuple[str, str], int] | None = None
+                ) -> tuple[list[int], list[Factor]]:
+        """:meth:`ids`, and the factors whose ``key_factors`` rows it added."""
         wanted = {(f.factor, f.hash): f for f in factors}
-        found: dict[tuple[str, str], int] = {}
-        pairs = list(wanted)
+        found: dict[tuple[str, str], int] = known if known is not None else {}
+        pairs = [p for p in wanted if p not in found]
         for start in range(0, len(pairs), 400):
             chunk = pairs[start:start + 400]
             for i, name, h in self.session.execute(select(_F.c.id, _F.c.factor, _F.c.hash).where(
@@ -57,33 +79,41 @@ class KeyFactorRepository:
                 for i, name, h in self.session.execute(select(_F.c.id, _F.c.factor, _F.c.hash).where(
                         tuple_(_F.c.factor, _F.c.hash).in_(chunk))):
                     found[(name, h)] = int(i)
-        return [found[(f.factor, f.hash)] for f in factors]
+        return [found[(f.factor, f.hash)] for f in factors], missing
 
-    def put(self, kind: str, key: str, factors: Sequence[Factor]) -> bool:
+    def by_id(self, ids: Sequence[int]) -> dict[int, Factor]:
+        """``{id: Factor}`` of the ``key_factors`` rows of ``ids`` (ids not stored left out)."""
+        every = sorted(set(ids))
+        out: dict[int, Factor] = {}
+        for start in range(0, len(every), 500):
+            for i, name, h, v in self.session.execute(select(_F.c.id, _F.c.factor, _F.c.hash, _F.c.value).where(
+                    _F.c.id.in_(every[start:start + 500]))):
+                out[int(i)] = Factor(name, h, v)
+        return out
+
+    def put(self, kind: str, key: str, factors: Sequence[Factor], *,
+            known: dict[tuple[str, str], int] | None = None) -> bool:
         """Store the ``factors`` of ``kind``/``key`` unless that key has factors already (they
-        are a function of the key); True if written."""
+        are a function of the key); True if written. ``known`` as :meth:`ids` takes it."""
         if not factors or self.session.execute(
                 select(_E.c.id).where(_E.c.kind == kind, _E.c.key == key)).first() is not None:
             return False
-        ids = self.ids(factors)
-        self.session.execute(insert(_E).values(kind=kind, key=key[:128], factor_ids=json.dumps(ids, separators=(",", ":"))))
+        ids = self.ids(factors, known=known)
+        self.session.execute(insert(_E).values(kind=kind, key=key[:128], factor_ids=id_text(ids)))
         return True
 
     def resolve(self, id_lists: Sequence[str]) -> list[Factors]:
         """Each JSON array of ``key_factors`` ids as ``{factor: (hash, value)}``."""
-        lists = []
-        for text in id_lists:
-            try:
-                lists.append([int(i) for i in json.loads(text)])
-            except (ValueError, TypeError):
-                lists.append([])
-        every = sorted({i for ids in lists for i in ids})
-        rows: dict[int, tuple[str, str, str]] = {}
-        for start in range(0, len(every), 500):
-            for i, name, h, v in self.session.execute(select(_F.c.id, _F.c.factor, _F.c.hash, _F.c.value).where(
-                    _F.c.id.in_(every[start:start + 500]))):
-                rows[int(i)] = (name, h, v)
-        return [{rows[i][0]: rows[i][1:] for i in ids if i in rows} for ids in lists]
+        lists = [id_list(text) for text in id_lists]
+        rows = self.by_id([i for ids in lists for i in ids])
+        return [{rows[i].factor: (rows[i].hash, rows[i].value) for i in ids if i in rows} for ids in lists]
+
+    def factors_of(self, text: str | None) -> list[Factor]:
+        """The factors of one JSON array of ``key_factors`` ids (``entry_factors.factor_ids``),
+        in its order; ids not stored left out."""
+        ids = id_list(text)
+        rows = self.by_id(ids)
+        return [rows[i] for i in ids if i in rows]
 
     def of(self, kind: str, key: str) -> Factors:
         """``{factor: (hash, value)}`` of ``kind``/``key`` (empty when none are stored)."""
@@ -121,7 +151,7 @@ class MissLogRepository:
         all but the newest ``keep`` rows."""
         ids = KeyFactorRepository(self.session).ids(factors) if factors else []
         self.session.execute(insert(_M).values(kind=kind, key=key[:128], outcome=outcome[:16], reason=reason[:300],
-                                               factor_ids=json.dumps(ids, separators=(",", ":")),
+                                               factor_ids=id_text(ids),
                                                missed_at=utcnow()))
         newest = self.session.execute(select(func.max(_M.c.id))).scalar_one()
         if newest is not None and newest > keep:

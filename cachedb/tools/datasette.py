@@ -193,9 +193,9 @@ TABLES: dict[str, dict[str, Any]] = {
         "units": {"seconds": "s"},
     },
     "key_factors": {
-        "description": "One factor of the keys torch computed (what compiled_fx_graph_hash hashed: the graph's "
-                       "code, each input, each fx kwarg, each Inductor config, torch's key, the system), shared "
-                       "by every key that hashed it.",
+        "description": "One factor of the keys torch computed (what compiled_fx_graph_hash or autograd_cache_key "
+                       "hashed: the graph's code, each input, each fx kwarg, each Inductor or functorch config, "
+                       "torch's key, the system), shared by every key that hashed it.",
         "columns": {"factor": "example_inputs[0], inductor_config.max_autotune_pointwise, gm, ...",
                     "hash": "the first 16 characters of torch's hash of the factor",
                     "value": "a short readable form: float32[64], False"},

@@ -1,5 +1,6 @@
 """Recent misses explained (``cachedb misses``): for each lookup in the miss log, the stored
-entry nearest to the key wanted and the factors that differ between them, in words."""
+entry nearest to the key wanted and the factors that differ between them, in words; the
+entries those of the same database, or of another (``--remote URL``: the shared tier)."""
 
 from __future__ import annotations
 
@@ -20,37 +21,50 @@ def _naive(when: Any) -> Any:
     return when.replace(tzinfo=None) if isinstance(when, dt.datetime) else when
 
 
-def explain(session: Any, *, limit: int = 20, kind: str | None = None) -> list[dict[str, Any]]:
-    """The newest ``limit`` misses (of ``kind``, or of every kind), newest first. Each is a
+def explain(session: Any, *, limit: int = 20, kind: str | None = None, against: Any = None) -> list[dict[str, Any]]:
+    """The newest ``limit`` misses of the database of ``session`` (of ``kind``, or of every
+    kind), newest first, explained against the entries of ``against`` (a session or connection
+    of another database, e.g. the shared tier; default: ``session``'s own). Each is a
     dict: ``kind``, ``key`` (torch's key wanted; empty for a bypass), ``outcome``
     (``no_entry``, ``guards_failed``, ``bypass``), ``reason`` (a bypass's), ``missed_at``,
     ``nearest`` (of the keys of that kind stored before the miss, the one whose factors most
-    often equal the wanted ones; the key itself for ``guards_failed``; ``None`` when no stored entry has factors),
-    ``differs`` (a list of ``{factor, stored, wanted}``: the factors whose hashes differ, or
-    that one side lacks, ``None`` for that side) and, for ``guards_failed``, ``guards`` (the
-    guard expressions of the variants stored before the miss, which all failed: torch's
-    ``guards_expr``, e.g. ``6 <= L['t0']``)."""
+    often equal the wanted ones; ``None`` when no stored entry has factors), ``differs`` (a
+    list of ``{factor, stored, wanted}``: the factors whose hashes differ, or that one side
+    lacks, ``None`` for that side) and, for ``guards_failed``, ``guards`` (the guard
+    expressions of the variants stored before the miss, which all failed: torch's
+    ``guards_expr``, e.g. ``6 <= L['t0']``).
+
+    For ``guards_failed`` the nearest entry is the key itself (against another database: where
+    it holds variants of the key stored before the miss; otherwise the nearest by factors, as
+    for ``no_entry``). Against its own database a miss's own key is never the nearest of a
+    ``no_entry`` miss (its variant is the one compiled after it); against another it is
+    where that database held the key before the miss, with no factor differing."""
     misses = MissLogRepository(session).recent(limit, kind)
-    factors = KeyFactorRepository(session)
-    stored_by_kind: dict[str, dict[str, dict[str, tuple[str, str]]]] = {}
+    entries = session if against is None else against
+    factors = KeyFactorRepository(entries)
+    stored_by_kind: dict[str, dict[str, tuple[Any, dict[str, tuple[str, str]]]]] = {}
     out = []
     for miss in misses:
         row: dict[str, Any] = {"missed_at": miss["missed_at"], "kind": miss["kind"], "key": miss["key"],
                                "outcome": miss["outcome"], "reason": miss["reason"], "nearest": None, "differs": []}
         wanted = miss["factors"]
         if miss["outcome"] == "guards_failed":
-            row["nearest"] = miss["key"]
-            row["guards"] = [g for g, at in session.execute(select(_G.c.guards_expr, _G.c.created_at).where(
+            before = [g for g, at in entries.execute(select(_G.c.guards_expr, _G.c.created_at).where(
                 _G.c.kind == miss["kind"], _G.c.key == miss["key"]).order_by(_G.c.created_at))
-                if g and _naive(at) <= _naive(miss["missed_at"])]
-        elif wanted:
+                if _naive(at) <= _naive(miss["missed_at"])]
+            row["guards"] = [g for g in before if g]
+            if against is None or before:
+                row["nearest"] = miss["key"]
+                out.append(row)
+                continue
+        if wanted:
             stored = stored_by_kind.get(miss["kind"])
             if stored is None:
                 stored = stored_by_kind[miss["kind"]] = factors.all_of_kind(miss["kind"])
             best, best_score = None, -1
             for key, (at, theirs) in stored.items():
-                if key == miss["key"] or _naive(at) > _naive(miss["missed_at"]):  # stored after this miss
-                    continue
+                if (key == miss["key"] and against is None) or _naive(at) > _naive(miss["missed_at"]):
+                    continue  # its own entry, or one stored after this miss
                 score = equal_count(theirs, wanted)
                 if score > best_score or score == best_score and best is not None and key < best:
                     best, best_score = key, score
