@@ -155,6 +155,17 @@ def _workload_rows(torch: Any) -> dict[str, Any]:
     return {"ok": ok}
 
 
+def _tiny(x: Any) -> Any:
+    return x.sin() * 2 + 1
+
+
+def _workload_tiny(torch: Any) -> dict[str, Any]:
+    """The smallest real compile, for ``--quick`` runs: one pointwise graph of one static shape
+    (one FX graph, one C++ kernel on CPU)."""
+    x = torch.randn(64, 8)
+    return {"ok": bool(torch.allclose(torch.compile(_tiny)(x), _tiny(x), atol=1e-4, rtol=1e-4))}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("mode", choices=["files", "mega", "cachedb", "cachedb-cold"])
@@ -222,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         "dynamic": bc._workload_dynamic,
         "gemm": bc._workload_gemm_autotune,
         "rows": _workload_rows,
+        "tiny": _workload_tiny,
     }
     if args.device == "cuda":
         from benchmarks._gpu_workloads import WORKLOADS

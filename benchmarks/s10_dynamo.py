@@ -49,9 +49,10 @@ JOB_ID = "bench"
 OFF = "warm cachedb, precompile off"
 
 
-def _sample(device: str, mode: str, cache_dir: Path, machine_tmp: Path, env_extra: dict[str, str],
+def _sample(device: str, models: str, mode: str, cache_dir: Path, machine_tmp: Path, env_extra: dict[str, str],
             *args: str) -> dict[str, Any]:
-    """One ``benchmarks._warm_child`` process on ``device``'s workloads with ``env_extra``
+    """One ``benchmarks._warm_child`` process on ``device`` running ``models`` (comma-separated
+    workloads) with ``env_extra``
     (PGO's job id, torch's precompile switch); its JSON report."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CACHEDB_", "TRITON_", "TORCH_"))}
     env.update(TMPDIR=str(machine_tmp), **env_extra)
@@ -60,7 +61,7 @@ def _sample(device: str, mode: str, cache_dir: Path, machine_tmp: Path, env_extr
     env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     machine_tmp.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "benchmarks._warm_child", mode, "--cache-dir", str(cache_dir), "--models",
-           MODELS[device], "--device", device, *args, "--t0", repr(time.time())]
+           models, "--device", device, *args, "--t0", repr(time.time())]
     proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900, check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"Dynamo child {mode} failed ({proc.returncode}): {proc.stderr[-3000:]}")
@@ -68,6 +69,14 @@ def _sample(device: str, mode: str, cache_dir: Path, machine_tmp: Path, env_extr
     if not report.get("ok"):
         raise RuntimeError(f"Dynamo child {mode}: a workload gave wrong results: {report}")
     return report
+
+
+def _models(ctx: Context) -> list[str]:
+    """The workloads of each sample: ``MODELS`` of the device; in a quick run only the one PGO
+    and precompile act on (its graphs see several shapes)."""
+    if ctx.quick:
+        return ["dynamic_gpu" if ctx.device == "cuda" else "rows"]
+    return MODELS[ctx.device].split(",")
 
 
 def _setting(ctx: Context, label: str, env: dict[str, str], n_warm: int, *, precompile: bool,
@@ -79,6 +88,7 @@ def _setting(ctx: Context, label: str, env: dict[str, str], n_warm: int, *, prec
     round."""
     samples: dict[str, list[dict[str, Any]]] = {}
     device = ctx.device
+    models = ",".join(_models(ctx))
 
     def add(case: str, report: dict[str, Any]) -> None:
         samples.setdefault(case, []).append(report)
@@ -90,25 +100,25 @@ def _setting(ctx: Context, label: str, env: dict[str, str], n_warm: int, *, prec
     db, db_off = ctx.tmpdir("db") / "cache.db", ctx.tmpdir("db-off") / "cache.db"
     files_args = ["--save-precompile"] if precompile else []
     db_args = ["--db", str(db)] + (["--precompile"] if precompile else [])
-    add("cold files", _sample(device, "files", files_dir, machine_a, env, *files_args))
-    add("cold cachedb", _sample(device, "cachedb-cold", ctx.tmpdir("dbcold") / "inductor", ctx.tmpdir("machine"),
+    add("cold files", _sample(device, models, "files", files_dir, machine_a, env, *files_args))
+    add("cold cachedb", _sample(device, models, "cachedb-cold", ctx.tmpdir("dbcold") / "inductor", ctx.tmpdir("machine"),
                                 env, *db_args))
     cases = ["warm local", "warm cachedb"]
     if precompile and off_samples:
         samples[OFF] = list(off_samples)
     elif precompile:
-        add("cold cachedb, precompile off", _sample(device, "cachedb-cold", ctx.tmpdir("dbcold") / "inductor",
+        add("cold cachedb, precompile off", _sample(device, models, "cachedb-cold", ctx.tmpdir("dbcold") / "inductor",
                                                     ctx.tmpdir("machine"), {}, "--db", str(db_off)))
         cases.append(OFF)
     for r in range(n_warm):
         for case in cases[r % len(cases):] + cases[:r % len(cases)]:
             if case == "warm local":
-                report = _sample(device, "files", files_dir, machine_a, env, *files_args)
+                report = _sample(device, models, "files", files_dir, machine_a, env, *files_args)
             elif case == "warm cachedb":
-                report = _sample(device, "cachedb", ctx.tmpdir("dbwarm") / "inductor", ctx.tmpdir("machine"), env,
+                report = _sample(device, models, "cachedb", ctx.tmpdir("dbwarm") / "inductor", ctx.tmpdir("machine"), env,
                                  *db_args)
             else:
-                report = _sample(device, "cachedb", ctx.tmpdir("dbwarm") / "inductor", ctx.tmpdir("machine"), {},
+                report = _sample(device, models, "cachedb", ctx.tmpdir("dbwarm") / "inductor", ctx.tmpdir("machine"), {},
                                  "--db", str(db_off))
             add(case, report)
     return samples
@@ -117,9 +127,9 @@ def _setting(ctx: Context, label: str, env: dict[str, str], n_warm: int, *, prec
 def run(ctx: Context) -> SectionResult:
     res = SectionResult(NAME, TITLE)
     gpu = ctx.device == "cuda"
-    models = MODELS[ctx.device].split(",")
     #: The workload PGO and precompile act on most: its graphs see several shapes.
     shapes_fn = "dynamic_gpu" if gpu else "rows"
+    models = _models(ctx)
     n_warm = 1 if ctx.quick else (2 if gpu else 5)
     pgo: dict[str, list[dict[str, Any]]] = {}
     if gpu:

@@ -141,9 +141,10 @@ def _triton_fill(ctx: Context, res: SectionResult, triton_root: Path | None) -> 
             return
         cache = ctx.tmpdir("tritonfill") / "inductor"
         triton_root = cache / "triton" / "0"
-        subprocess.run([sys.executable, "-m", "benchmarks._triton_kernels", str(triton_root), "10"], check=True,
-                       capture_output=True, timeout=600, cwd=REPO_ROOT)
-        source = "10 real kernels compiled by Triton for sm80/sm90 on this machine (no GPU needed)"
+        n_kernels = 2 if ctx.quick else 10
+        subprocess.run([sys.executable, "-m", "benchmarks._triton_kernels", str(triton_root), str(n_kernels)],
+                       check=True, capture_output=True, timeout=600, cwd=REPO_ROOT)
+        source = f"{n_kernels} real kernels compiled by Triton for sm80/sm90 on this machine (no GPU needed)"
     cache_dir = triton_root.parent.parent
     db_path = ctx.tmpdir("filldb") / "fill.db"
     with CacheDB(db_path) as db:
@@ -153,7 +154,7 @@ def _triton_fill(ctx: Context, res: SectionResult, triton_root: Path | None) -> 
     keys = sorted(p.name for p in triton_root.iterdir() if p.is_dir() and not p.name.startswith("tmp"))
     live = LiveStore(str(db_path))
     store = KernelArtifacts(live)
-    reps = 3 if ctx.quick else 10
+    reps = 1 if ctx.quick else 10
     db_times, copy_times = [], []
     for r in range(reps):
         dest = ctx.tmpdir("fill")
@@ -188,7 +189,7 @@ def run(ctx: Context) -> SectionResult:
     if gpu:
         models = "dynamic_gpu,mlp_autotune" if ctx.quick else "mlp_autotune,transformer,dynamic_gpu"
     else:
-        models = "mlp,dynamic" if ctx.quick else "mlp,dynamic,gemm"
+        models = "tiny" if ctx.quick else "mlp,dynamic,gemm"
     n_cold = 1 if (ctx.quick or gpu) else 2
     n_warm = 1 if ctx.quick else (2 if gpu else 4)
     n_extra = 0 if (ctx.quick or gpu) else 2

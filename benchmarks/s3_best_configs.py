@@ -58,7 +58,7 @@ def run(ctx: Context) -> SectionResult:
     from torch._inductor.runtime.autotune_cache import LocalAutotuneCache
 
     res = SectionResult(NAME, TITLE)
-    n = N_ENTRIES
+    n = 200 if ctx.quick else N_ENTRIES
     configs = [P.best_config(i) for i in range(n + WARMUP + 1)]
     rel = [P.best_config_rel_key(i) for i in range(n + WARMUP + 1)]
     order = list(range(n))

@@ -68,7 +68,7 @@ NAME = "guarded"
 TITLE = "Guarded entries: put / get vs FxGraphCache files"
 
 #: (label, payload bytes, repetitions full, repetitions quick)
-CASES = [("100 KB", 100_000, 60, 20), ("20 MB", 20_000_000, 7, 3)]
+CASES = [("100 KB", 100_000, 60, 10), ("20 MB", 20_000_000, 7, 2)]
 #: A key no case stores: a live block's untimed first lookup (it opens the database).
 ABSENT_KEY = "f" + "0" * 51
 
@@ -145,7 +145,7 @@ def _first_gets(
     }
 
 
-#: Alternating files / live rounds of the real-entries case (full run; quick: 2).
+#: Alternating files / live rounds of the real-entries case (full run; quick: 1).
 REAL_ROUNDS = 6
 
 
@@ -236,7 +236,7 @@ def _real_case(ctx: Context, res: SectionResult) -> None:
         res.notes.append(f"real entries: none under {origin}; case skipped.")
         return
     classes = {"fxgraph": FxGraphCache, "aotautograd": AOTAutogradCache}
-    rounds = 2 if ctx.quick else REAL_ROUNDS
+    rounds = 1 if ctx.quick else REAL_ROUNDS
 
     def keyed(mode: str, r: int) -> list[tuple[type, str, bytes]]:
         # a new key per (side, round, entry): each put stores a new key with one variant; the
@@ -541,7 +541,7 @@ def _variants_case(ctx: Context, res: SectionResult) -> None:
     from torch._inductor.codecache import FxGraphCache
 
     size, n_keys = 100_000, VARIANT_KEYS[1 if ctx.quick else 0]
-    rounds = 2 if ctx.quick else VARIANT_ROUNDS
+    rounds = 1 if ctx.quick else VARIANT_ROUNDS
     binary = P.binary_blob(size, 0)
     times: dict[str, list[float]] = {"files": [], "live": []}
 
@@ -577,7 +577,7 @@ def _variants_case(ctx: Context, res: SectionResult) -> None:
 
 #: Entries of 100 KB in the stored case (:func:`_scale_case`: full, quick), keys read per round
 #: (full, quick), rounds.
-SCALE_ENTRIES, SCALE_GETS, SCALE_ROUNDS = (10_000, 500), (500, 100), 5
+SCALE_ENTRIES, SCALE_GETS, SCALE_ROUNDS = (10_000, 200), (500, 50), 5
 
 
 def _scale_case(ctx: Context, res: SectionResult) -> None:
@@ -589,7 +589,7 @@ def _scale_case(ctx: Context, res: SectionResult) -> None:
     above read a database of a few hundred entries, whose pages SQLite and the page cache hold;
     here each get's index and table pages are mostly not in SQLite's own cache. Units: ms per get."""
     n, n_gets = SCALE_ENTRIES[1 if ctx.quick else 0], SCALE_GETS[1 if ctx.quick else 0]
-    rounds = 2 if ctx.quick else SCALE_ROUNDS
+    rounds = 1 if ctx.quick else SCALE_ROUNDS
     ctx.log(f"guarded at scale: {n} entries of 100 KB")
     path = [str(REPO_ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     env = {k: v for k, v in os.environ.items() if not k.startswith("CACHEDB_")}

@@ -143,7 +143,7 @@ def run(ctx: Context) -> SectionResult:
     from cachedb.layout.importer import Importer
 
     res = SectionResult(NAME, TITLE)
-    n_files = 2_000 if ctx.quick else 10_000
+    n_files = 500 if ctx.quick else 10_000
     reps = 1 if ctx.quick else 3
     root = ctx.tmpdir("synthcache") / "inductor"
     ctx.log(f"import: generating a {n_files}-file cache dir")
@@ -180,7 +180,7 @@ def run(ctx: Context) -> SectionResult:
     # Entries of a real size (~100 KB, as CPU entries are; GPU ones are larger): here reading the
     # pickles and compressing them outweigh the database, which is what the workers take over.
     big_root = ctx.tmpdir("synthcache_100k") / "inductor"
-    n_big = 300 if ctx.quick else 1_500
+    n_big = 50 if ctx.quick else 1_500
     ctx.log(f"import: generating {n_big} files of ~100 KB")
     big_counts = P.synthetic_cache_dir(big_root, n_big, entry_bytes=100_000, timings=100)
     big_entries = big_counts["fxgraph"] + big_counts["aotautograd"] + big_counts["best_config"]
@@ -273,7 +273,7 @@ def _cutlass_and_progress_rows(ctx: Context) -> list[Row]:
         rows.append(Row("parse a CUTLASS op list (21,268 ops, 84 MB)", seconds_to("s", parse_s),
                         seconds_to("s", floor_s), "json.loads of the same bytes", target="≤ 10 s",
                         met=max(parse_s) <= 10.0))
-    n = 20_000 if ctx.quick else 300_000
+    n = 2_000 if ctx.quick else 300_000
     console = Console(file=io.StringIO(), force_terminal=True, width=160)
     t0 = time.perf_counter()
     with ProgressBar("importing", console=console) as bar:

@@ -100,7 +100,7 @@ def run(ctx: Context) -> SectionResult:
     from torch._inductor.codecache import PersistentCache
 
     res = SectionResult(NAME, TITLE)
-    n = 15 if ctx.quick else 25
+    n = 5 if ctx.quick else 25
     expected = PROCS * n
     modes = ["files", "cachedb"] if ctx.quick else ["files", "cachedb", "live"]
     out: dict[str, dict[str, Any]] = {}

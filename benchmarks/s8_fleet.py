@@ -75,7 +75,7 @@ def _pg_reachable() -> str | None:
 
 
 def _warm_start(ctx: Context, res: SectionResult, remote: str) -> None:
-    models = "mlp,dynamic" if ctx.quick else "mlp,dynamic,gemm"
+    models = "tiny" if ctx.quick else "mlp,dynamic,gemm"
     n = 1 if ctx.quick else 3
     samples: dict[str, list[dict[str, Any]]] = {}
 
@@ -166,7 +166,7 @@ def _copy_throughput(ctx: Context, res: SectionResult, schemas: list[str]) -> No
     from cachedb.fleet.copy import copy_database, merge_databases
     from cachedb.layout.importer import Importer
 
-    n_files, entry_bytes, n_timings = (300, 50_000, 5_000) if ctx.quick else (2_000, 100_000, 50_000)
+    n_files, entry_bytes, n_timings = (100, 20_000, 1_000) if ctx.quick else (2_000, 100_000, 50_000)
     sources = {}
     for name, files, size, timings in (("payloads", n_files, entry_bytes, 0), ("small rows", 100, 2_000, n_timings)):
         src_dir = ctx.tmpdir(f"fleetsyn-{name[0]}")
