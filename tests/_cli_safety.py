@@ -217,7 +217,8 @@ def cases(draw: st.DrawFn, paths: Paths, command: str | None = None) -> Case:
         case.dry_run = flag("--dry-run")
         case.args += ["--dry-run"] * case.dry_run
     elif command in ("stats", "verify"):
-        case.args += draw(st.sampled_from([[], ["--format", "json"], ["--format", "csv"]]))
+        case.args += draw(st.sampled_from([[], ["--format", "json"], ["--format", "csv"]]
+                                          + [["--format", "prometheus"]] * (command == "stats")))
     elif command == "query":
         case.args.append(draw(st.sampled_from([
             "SELECT count(*) FROM guarded_entries", "DELETE FROM guarded_entries", "DROP TABLE kernel_blobs",

@@ -5,6 +5,7 @@ repositories."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 import random
 import re
 from pathlib import Path
@@ -182,3 +183,67 @@ def test_old_hits_fade_and_the_plan_is_what_apply_deletes(db: CacheDB) -> None:
                                                                               + plan.guarded.stored_bytes["aotautograd"])
     assert held(db) == {"frecent": (4, False), "quarantine": ()}
 
+
+# --------------------------------------------------------------------------- stats --format prometheus
+
+
+def test_stats_prometheus_parses_and_counts_per_kind_and_fingerprint(db: CacheDB) -> None:
+    """On SQLite and PostgreSQL, real rows of each counted kind (FX graph and AOTAutograd
+    variants under a fingerprint whose device name needs escaping, a kernel key directory, a PGO
+    profile, a compile avoided, misses of two outcomes): ``prometheus_client``'s parser reads
+    every family as a gauge with the figures ``cachedb stats --format json`` gives."""
+    parser = pytest.importorskip("prometheus_client.parser")
+    from cachedb.fingerprint import Fingerprint
+
+    now = dt.datetime.now(dt.timezone.utc)
+    with db.transaction() as repos:
+        fp = repos.fingerprints.ensure(Fingerprint(system={"hash": "f" * 64, "device": {"name": 'GPU "A"\\B\nC'}}))
+        v, _ = repos.guarded.put("fxgraph", "fk", b"f" * 3_000, guards_expr=None, time_taken_ns=1_500_000_000,
+                                 fingerprint_id=fp)
+        repos.guarded.record_hits({("fxgraph", "fk", v): (4, now)})
+        a, _ = repos.guarded.put("aotautograd", "ak", b"a" * 1_000, guards_expr=None, time_taken_ns=500_000_000)
+        repos.guarded.record_hits({("aotautograd", "ak", a): (2, now)})
+        repos.artifacts.put_files("triton", "tk", [("k.cubin", b"c" * 500), ("k.json", b"{}")])
+        repos.artifacts.record_hits({("triton", "", "tk"): (3, now)})
+        repos.dynamo("pgo").put("code_state_f.pkl", b"p" * 200)
+        repos.compile_waits.add("fxgraph", "fk", seconds=2.0, outcome="landed", waited_on="host:1:x")
+        for key, outcome in (("m1", "no_entry"), ("m2", "no_entry"), ("m3", "guards_failed")):
+            repos.misses.add("fxgraph", key, outcome, [Factor("gm", "g" * 16, "x")])
+    exposed = cli("--db", db.where, "stats", "--format", "prometheus")
+    assert exposed.exit_code == 0, exposed.output
+    assert all(line.startswith(("# HELP cachedb_", "# TYPE cachedb_", "cachedb_")) for line in exposed.stdout.splitlines())
+    families = {f.name: f for f in parser.text_string_to_metric_families(exposed.stdout)}
+    assert set(families) == {"cachedb_entries", "cachedb_bytes", "cachedb_stored_bytes", "cachedb_hits",
+                             "cachedb_seconds_saved", "cachedb_compiles_avoided", "cachedb_misses"}
+    assert all(f.type == "gauge" and f.documentation for f in families.values())
+
+    def samples(name: str) -> dict[tuple[str, ...], float]:
+        return {tuple(s.labels.values()): s.value for s in families[name].samples}
+
+    rows = json.loads(cli("--db", db.where, "stats", "--format", "json").stdout)
+    by_kind = {r["kind"]: r for r in rows}
+    label = by_kind["fxgraph"]["fingerprint"]
+    assert '"A"\\B\nC' in label  # the device name as stored, read back through the escapes
+    hits = samples("cachedb_hits")
+    assert {k: hits[k] for k in [("fxgraph", label), ("aotautograd", ""), ("triton_kernel", ""), ("pgo_profile", "")]} \
+        == {("fxgraph", label): 4, ("aotautograd", ""): 2, ("triton_kernel", ""): 3, ("pgo_profile", ""): 0}
+    assert samples("cachedb_seconds_saved")[("fxgraph", label)] == 6.0
+    assert samples("cachedb_seconds_saved")[("aotautograd", "")] == 1.0
+    for name, column in (("cachedb_entries", "entries"), ("cachedb_bytes", "bytes"),
+                         ("cachedb_stored_bytes", "stored_bytes")):
+        assert samples(name) == {(r["kind"], "" if r["fingerprint"] == "-" else r["fingerprint"]): r[column]
+                                 for r in rows if r["kind"] != "total" and not r["kind"].startswith("compiles_")}
+    assert samples("cachedb_entries")[("triton_kernel", "")] == 1
+    assert samples("cachedb_compiles_avoided") == {("fxgraph",): 1}
+    assert samples("cachedb_misses") == {("fxgraph", "no_entry"): 2, ("fxgraph", "guards_failed"): 1,
+                                         ("fxgraph", "bypass"): 0}
+    assert (by_kind["total"]["hits"], by_kind["total"]["seconds_saved"]) == (6, 7.0)
+
+
+def test_stats_prometheus_of_an_empty_database(db: CacheDB) -> None:
+    """No rows: the families are declared, the miss counts are 0, and it still parses."""
+    parser = pytest.importorskip("prometheus_client.parser")
+    exposed = cli("--db", db.where, "stats", "--format", "prometheus")
+    assert exposed.exit_code == 0, exposed.output
+    families = {f.name: [s.value for s in f.samples] for f in parser.text_string_to_metric_families(exposed.stdout)}
+    assert families["cachedb_entries"] == [] and families["cachedb_misses"] == [0, 0, 0]

@@ -150,19 +150,31 @@ def export(obj: _Context, target_dir: str) -> None:
 
 
 @main.command()
-@click.option("--format", "fmt", type=FORMATS, default="table", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["table", "json", "csv", "prometheus"]), default="table",
+              show_default=True,
+              help="prometheus: Prometheus' text exposition format (gauges named cachedb_*), for node_exporter's "
+                   "textfile collector.")
 @db_options
 @pass_ctx
 def stats(obj: _Context, fmt: str) -> None:
-    """Entries and bytes per kind and system fingerprint.
+    """Entries, bytes, hits and seconds saved per kind and system fingerprint.
+
+    --format prometheus also gives the miss log's lookups per kind and outcome
+    (cachedb_misses). Write it to a temporary file and rename it into the textfile
+    collector's directory, so that node_exporter never reads half a file.
 
     \b
     Example:
       cachedb --db inductor.db stats --format json
+      cachedb --db inductor.db stats --format prometheus > /var/lib/node_exporter/cachedb.prom.tmp \\
+        && mv /var/lib/node_exporter/cachedb.prom.tmp /var/lib/node_exporter/cachedb.prom
     """
-    from ..tools.stats import COLUMNS, collect
+    from ..tools.stats import COLUMNS, collect, prometheus
 
     with obj.open(existing=True) as db, db.read() as repos:
+        if fmt == "prometheus":
+            click.echo(prometheus(repos.session), nl=False)
+            return
         rows = collect(repos.session)
     emit(rows, _columns(rows, COLUMNS), fmt)
 
