@@ -62,6 +62,8 @@ CHARTS_BAD = ["-1", "", "many", "nan"]
 TIMEOUT_OK = ["0", "0.5", "30", "86400"]
 TIMEOUT_BAD = ["-1", "nan", "inf", "", "1e9", "abc", "-0.5", "86401", "-inf"]
 REMOTE_TIMEOUT_BAD = ["0", "0.05", "-1", "nan", "inf", "", "3601", "x"]
+ORDERS_OK = ["lru", "value"]
+ORDERS_BAD = ["", "LRU", "Value", "cost", "values", "lru,value", "-1"]
 
 #: Database URLs that name no usable database: bad ports, a refused port, a missing database.
 BAD_URLS = [
@@ -179,6 +181,8 @@ def cases(draw: st.DrawFn, paths: Paths, command: str | None = None) -> Case:
             _value(draw, case, "--max-bytes", SIZES_OK, SIZES_BAD, _GENERATED_SIZES)
         if given in ("age", "both"):
             _value(draw, case, "--older-than", AGES_OK, AGES_BAD, _GENERATED_AGES)
+        if flag("--order", 3):
+            _value(draw, case, "--order", ORDERS_OK, ORDERS_BAD)
         case.dry_run = flag("--dry-run")
         case.args += ["--dry-run"] * case.dry_run + ["--yes"] * flag("--yes") + ["--vacuum"] * flag("--vacuum", 5)
         case.mutates = target_is_store and not case.dry_run
@@ -213,7 +217,8 @@ def cases(draw: st.DrawFn, paths: Paths, command: str | None = None) -> Case:
         case.dry_run = flag("--dry-run")
         case.args += ["--dry-run"] * case.dry_run
     elif command in ("stats", "verify"):
-        case.args += draw(st.sampled_from([[], ["--format", "json"], ["--format", "csv"]]))
+        case.args += draw(st.sampled_from([[], ["--format", "json"], ["--format", "csv"]]
+                                          + [["--format", "prometheus"]] * (command == "stats")))
     elif command == "query":
         case.args.append(draw(st.sampled_from([
             "SELECT count(*) FROM guarded_entries", "DELETE FROM guarded_entries", "DROP TABLE kernel_blobs",

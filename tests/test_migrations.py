@@ -313,3 +313,39 @@ def test_choice_descriptions_migration_up_and_down(db: CacheDB) -> None:
         assert repos.choices.put_new([describe("mm-cb", "mm", "", {"backend": "extern"})]) == 1
     with db.engine.connect() as conn:
         assert conn.execute(text("SELECT choice_name FROM autotune_winners")).scalar_one() == "mm"
+
+
+def test_entry_value_migration_up_and_down(db: CacheDB) -> None:
+    """0014 on SQLite and PostgreSQL: ``entry_value`` gives each variant's compile seconds,
+    hits, seconds saved and bytes; down at 0013 the view is gone and every entry row is kept;
+    up again, the view reads the same rows."""
+    with db.transaction() as repos:
+        repos.guarded.put("fxgraph", "fcheap", b"c" * 2_000, guards_expr=None, time_taken_ns=250_000_000)
+        repos.guarded.put("aotautograd", "aexpensive", b"e" * 5_000, guards_expr=None, time_taken_ns=40_000_000_000)
+        repos.guarded.put("fxgraph", "funknown", b"u" * 100, guards_expr=None)
+        for key, kind, hits in (("fcheap", "fxgraph", 4), ("aexpensive", "aotautograd", 3), ("funknown", "fxgraph", 2)):
+            (variant,) = repos.guarded.variant_names(kind, key)
+            for _ in range(hits):
+                repos.guarded.record_hit(kind, key, variant)
+
+    def value_rows() -> list[tuple]:
+        with db.engine.connect() as conn:
+            return [tuple(r) for r in conn.execute(text(
+                "SELECT kind, key, compile_seconds, hits, seconds_saved, size_bytes, stored_bytes > 0 "
+                "FROM entry_value ORDER BY key"))]
+
+    def entry_rows() -> list[tuple]:
+        with db.engine.connect() as conn:
+            return [tuple(r) for r in conn.execute(text(
+                "SELECT kind, key, variant, time_taken_ns, hit_count, size_bytes, checksum FROM guarded_entries "
+                "ORDER BY key"))]
+
+    expected = [("aotautograd", "aexpensive", 40.0, 3, 120.0, 5_000, True),
+                ("fxgraph", "fcheap", 0.25, 4, 1.0, 2_000, True), ("fxgraph", "funknown", None, 2, 0.0, 100, True)]
+    assert value_rows() == expected
+    before = entry_rows()
+    _migrate.downgrade(db.engine, "0013")
+    assert "entry_value" not in inspect(db.engine).get_view_names()
+    assert entry_rows() == before
+    assert db.upgrade() is True
+    assert _diff(db) == [] and entry_rows() == before and value_rows() == expected

@@ -158,8 +158,38 @@ def test_text_report(report_db: Path) -> None:
     out = result.output
     for needle in ("Autotune winners", "triton_mm_128x128x64_w8_s3", "torch 2.13.0", "Best configs",
                    "Cache contents", "Kernels", "Hits", "fxgraph", "Series", "2.11.0", "side by side",
-                   "triton_mm_3 · BLOCK_M=128", "extern"):
+                   "triton_mm_3 · BLOCK_M=128", "extern", "Compile seconds saved"):
         assert needle in out, needle
+
+
+def test_seconds_saved_by_day_of_last_hit(db: CacheDB) -> None:
+    """On SQLite and PostgreSQL: each entry's seconds saved (compile time × hits) fall on the
+    UTC day of its last hit, summed per kind; entries never hit are left out; the HTML draws
+    them as one stacked bar per day and the text form lists them."""
+    from cachedb.tools.report import collect, render_html, saved_chart
+
+    monday = dt.datetime(2026, 11, 30, 23, 30, tzinfo=dt.timezone.utc)
+    with db.transaction() as repos:
+        for kind, key, seconds, hits, used in (
+                ("fxgraph", "fa", 2.0, 3, monday), ("fxgraph", "fb", 0.5, 4, monday - dt.timedelta(hours=1)),
+                ("aotautograd", "aa", 10.0, 1, monday), ("fxgraph", "fc", 1.0, 2, monday + dt.timedelta(hours=1)),
+                ("fxgraph", "fnever", 50.0, 0, monday)):
+            variant, _ = repos.guarded.put(kind, key, key.encode() * 100, guards_expr=None,
+                                           time_taken_ns=int(seconds * 1e9))
+            repos.guarded.record_hits({(kind, key, variant): (hits, used)})
+    data = collect(db)
+    assert data.saved == [
+        {"day": "2026-11-30", "kind": "aotautograd", "entries": 1, "hits": 1, "seconds_saved": 10.0},
+        {"day": "2026-11-30", "kind": "fxgraph", "entries": 2, "hits": 7, "seconds_saved": 8.0},
+        {"day": "2026-12-01", "kind": "fxgraph", "entries": 1, "hits": 2, "seconds_saved": 2.0},
+    ]
+    figure = saved_chart(data)
+    assert [(t["name"], t["x"], t["y"]) for t in figure["data"]] == [
+        ("aotautograd", ["2026-11-30", "2026-12-01"], [10.0, 0]), ("fxgraph", ["2026-11-30", "2026-12-01"], [8.0, 2.0])]
+    page = render_html(data, plotly_js="")
+    assert '<section id="saved"><h2>Seconds saved over time</h2>' in page and "day of last hit (UTC)" in page
+    text_out = CliRunner().invoke(main, ["report", "--db", db.where, "--format", "text"], env={"COLUMNS": "200"})
+    assert text_out.exit_code == 0 and "Compile seconds saved, by the day of each entry's last hit" in text_out.output
 
 
 def test_report_never_creates_a_database(tmp_path: Path) -> None:
@@ -252,7 +282,7 @@ def test_html_report_draws_its_charts_offline(report_db: Path, tmp_path: Path) -
         assert not re.search(r"\b(src|href)\s*=", tag, flags=re.I), tag
     assert tags.count("script") >= 3
     n_charts = len(re.findall(r'<div id="chart-\d+" class="chart">', page))
-    assert n_charts >= 6  # two op/shape groups, a history, best configs, contents, kernels, hits
+    assert n_charts >= 7  # two op/shape groups, a history, best configs, contents, kernels, seconds saved, hits
 
     dom_run = _chromium_run(out, tmp_path / "profile", "--dump-dom")
     assert dom_run.returncode == 0, dom_run.stderr[-2000:]

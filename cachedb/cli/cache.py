@@ -153,19 +153,31 @@ def export(obj: _Context, target_dir: str) -> None:
 
 
 @main.command()
-@click.option("--format", "fmt", type=FORMATS, default="table", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["table", "json", "csv", "prometheus"]), default="table",
+              show_default=True,
+              help="prometheus: Prometheus' text exposition format (gauges named cachedb_*), for node_exporter's "
+                   "textfile collector.")
 @db_options
 @pass_ctx
 def stats(obj: _Context, fmt: str) -> None:
-    """Entries and bytes per kind and system fingerprint.
+    """Entries, bytes, hits and seconds saved per kind and system fingerprint.
+
+    --format prometheus also gives the miss log's lookups per kind and outcome
+    (cachedb_misses). Write it to a temporary file and rename it into the textfile
+    collector's directory, so that node_exporter never reads half a file.
 
     \b
     Example:
       cachedb --db inductor.db stats --format json
+      cachedb --db inductor.db stats --format prometheus > /var/lib/node_exporter/cachedb.prom.tmp \\
+        && mv /var/lib/node_exporter/cachedb.prom.tmp /var/lib/node_exporter/cachedb.prom
     """
-    from ..tools.stats import COLUMNS, collect
+    from ..tools.stats import COLUMNS, collect, prometheus
 
     with obj.open(existing=True) as db, db.read() as repos:
+        if fmt == "prometheus":
+            click.echo(prometheus(repos.session), nl=False)
+            return
         rows = collect(repos.session)
     emit(rows, _columns(rows, COLUMNS), fmt)
 
@@ -249,6 +261,11 @@ def upgrade(obj: _Context, dry_run: bool) -> None:
 @click.option("--older-than", type=AgeType(zero_hint=": it would remove everything; --max-bytes 0 empties the cache"),
               metavar="AGE", help="Remove entries and kernels not used for AGE, e.g. 30d, 12h, 30m (minutes), 2w; "
                                   "the unit is required.")
+@click.option("--order", type=click.Choice(["lru", "value"]), default="lru", show_default=True,
+              help="What --max-bytes removes first among FX graph and AOTAutograd entries. lru: the least recently "
+                   "used. value: the least worth per stored byte, compile seconds x (hits + 1) x 2^(-age / 7 days) "
+                   "/ stored bytes (age: since the last use), so an entry slow to compile and hit often stays. "
+                   "Kernels and Dynamo's caches go least recently used first in both.")
 @click.option("--dry-run", is_flag=True,
               help="Print what would be removed (entries, kernel files, stored bytes per kind); change nothing.")
 @click.option("--yes", "-y", is_flag=True,
@@ -257,13 +274,14 @@ def upgrade(obj: _Context, dry_run: bool) -> None:
 @click.option("--vacuum", is_flag=True, help="Give the freed space back to the file system (SQLite VACUUM).")
 @db_options
 @pass_ctx
-def prune(obj: _Context, max_bytes: int | None, older_than: dt.timedelta | None, dry_run: bool, yes: bool,
-          vacuum: bool) -> None:
+def prune(obj: _Context, max_bytes: int | None, older_than: dt.timedelta | None, order: str, dry_run: bool,
+          yes: bool, vacuum: bool) -> None:
     """Evict FX graph and AOTAutograd entries and kernels, least recently used first.
 
     Kernels (Triton key directories, C++ libraries) go whole, and a blob goes when no kept
     kernel uses it. --older-than applies to both; --max-bytes bounds their stored bytes
-    together, each kind giving up its share of the excess. A prune that would remove more
+    together, each kind giving up its share of the excess; --order value keeps the entries
+    whose compile time saved most per byte, recently. A prune that would remove more
     than half of the stored bytes, or any row of a PostgreSQL database (shared by every
     machine), asks first on a terminal and otherwise needs --yes. --dry-run prints the
     plan; the run deletes what the plan names.
@@ -272,6 +290,7 @@ def prune(obj: _Context, max_bytes: int | None, older_than: dt.timedelta | None,
     Example:
       cachedb --db inductor.db prune --max-bytes 10G --older-than 30d
       cachedb --db inductor.db prune --max-bytes 1M --dry-run   # what would go; nothing changes
+      cachedb --db inductor.db prune --max-bytes 10G --order value   # keep what saves most compile time
       cachedb --db postgresql+psycopg://cache@db.example/inductor prune --older-than 90d --yes
     """
     from ..tools import prune as pruning
@@ -283,7 +302,7 @@ def prune(obj: _Context, max_bytes: int | None, older_than: dt.timedelta | None,
     cutoff = dt.datetime.now(dt.timezone.utc) - older_than if older_than is not None else None
     with obj.open(existing=True, dry_run=dry_run) as db:
         with db.read() as repos:
-            plan = pruning.plan(repos, max_bytes=max_bytes, older_than=cutoff)
+            plan = pruning.plan(repos, max_bytes=max_bytes, older_than=cutoff, order=order)
         shared = db.engine.dialect.name == "postgresql"
         pct = f"{100 * plan.share():.0f}%" if plan.total_bytes else "0%"
         kernels = f" and {plan.files} of {plan.total_files} kernel files" if plan.total_files or plan.files else ""

@@ -288,6 +288,33 @@ def load_streamed_variant(
     return unpack_from(source, size, digest, where=where, full=signer is not None)
 
 
+#: Orders :meth:`GuardedEntryRepository.plan_evict` evicts in: ``lru`` the least recently used
+#: first; ``value`` the variants worth least per stored byte first (:func:`eviction_value`).
+EVICTION_ORDERS = ("lru", "value")
+
+#: The half-life of a variant's hits in the ``value`` order: a variant last used this long ago
+#: counts half its hits.
+DEFAULT_HALF_LIFE = dt.timedelta(days=7)
+
+
+def eviction_value(time_taken_ns: int | None, hits: int, stored_bytes: int, age: dt.timedelta,
+                   half_life: dt.timedelta = DEFAULT_HALF_LIFE) -> float:
+    """What keeping one variant is worth per stored byte, in seconds of compile per byte:
+    ``compile_s × (hits + 1) × 2 ** (-age / half_life) / stored_bytes``.
+
+    ``compile_s`` is the compile time torch recorded (``time_taken_ns`` / 10^9; 0 where it
+    recorded none, so such variants go first); ``hits + 1`` counts the write as the first use,
+    so a variant not hit yet is ranked by its compile time rather than tied at 0; ``age`` is the
+    time since its last use (hit or write; a negative age counts as 0), which halves the weight
+    of its hits every ``half_life``: the schema keeps a hit count and the last use, not a time
+    per hit, so the hits decay together. ``stored_bytes`` is the compressed payload (at least 1).
+    Raises ``ValueError`` for a ``half_life`` that is not positive."""
+    if half_life <= dt.timedelta(0):
+        raise ValueError("half_life must be positive")
+    decay = 0.5 ** (max(age.total_seconds(), 0.0) / half_life.total_seconds())
+    return (time_taken_ns or 0) / 1e9 * (hits + 1) * decay / max(stored_bytes, 1)
+
+
 @dataclass
 class GuardedEviction:
     """The variants an eviction deletes (:meth:`GuardedEntryRepository.plan_evict`): their ids,
@@ -489,10 +516,21 @@ class GuardedEntryRepository:
         """Stored (compressed) bytes of every variant's payload."""
         return int(self.session.execute(select(func.coalesce(func.sum(func.length(_G.c.payload)), 0))).scalar_one())
 
-    def plan_evict(self, *, max_bytes: int | None = None, older_than: dt.datetime | None = None) -> GuardedEviction:
+    def plan_evict(self, *, max_bytes: int | None = None, older_than: dt.datetime | None = None,
+                   order: str = "lru", half_life: dt.timedelta = DEFAULT_HALF_LIFE,
+                   now: dt.datetime | None = None) -> GuardedEviction:
         """What :meth:`evict` would delete, deleting nothing: every variant last used before
-        ``older_than``, then the least recently used until the stored (compressed) payloads
-        total at most ``max_bytes``. :meth:`apply_evict` deletes it."""
+        ``older_than``, then, until the stored (compressed) payloads total at most
+        ``max_bytes``, the least recently used (``order="lru"``) or those worth least per stored
+        byte (``order="value"``: :func:`eviction_value` with ``half_life``, ages counted to
+        ``now``, default the current time; ties go least recently used first). The ``value``
+        order reads one small row per variant into memory (no payload). :meth:`apply_evict`
+        deletes it. Raises ``ValueError`` for an order not in :data:`EVICTION_ORDERS` or a
+        ``half_life`` that is not positive."""
+        if order not in EVICTION_ORDERS:
+            raise ValueError(f"order must be one of {', '.join(EVICTION_ORDERS)}, not {order!r}")
+        if half_life <= dt.timedelta(0):
+            raise ValueError("half_life must be positive")
         stored = func.length(_G.c.payload)
         plan = GuardedEviction()
         for kind, n, nbytes in self.session.execute(select(_G.c.kind, func.count(), func.coalesce(func.sum(stored), 0))
@@ -509,9 +547,7 @@ class GuardedEntryRepository:
             chosen = {i for i, _, _ in victims}
             total = sum(plan.total_bytes.values()) - sum(n for _, _, n in victims)
             if total > max_bytes:
-                for row_id, kind, n in self.session.execute(
-                    select(_G.c.id, _G.c.kind, stored).order_by(_G.c.last_used_at, _G.c.id).execution_options(yield_per=500)
-                ):
+                for row_id, kind, n in self._eviction_order(order, half_life, now):
                     if total <= max_bytes:
                         break
                     if row_id not in chosen:
@@ -522,6 +558,28 @@ class GuardedEntryRepository:
             plan.entries[kind] = plan.entries.get(kind, 0) + 1
             plan.stored_bytes[kind] = plan.stored_bytes.get(kind, 0) + n
         return plan
+
+    def _eviction_order(self, order: str, half_life: dt.timedelta,
+                        now: dt.datetime | None) -> Iterator[tuple[int, str, int]]:
+        """``(id, kind, stored bytes)`` of every variant, the first to evict first."""
+        stored = func.length(_G.c.payload)
+        if order == "lru":
+            yield from self.session.execute(
+                select(_G.c.id, _G.c.kind, stored).order_by(_G.c.last_used_at, _G.c.id).execution_options(yield_per=500))
+            return
+        now = now or utcnow()
+        if now.tzinfo is None:
+            now = now.replace(tzinfo=dt.timezone.utc)
+        ranked: list[tuple[float, dt.datetime, int, str, int]] = []
+        for row_id, kind, n, taken, hits, used in self.session.execute(
+            select(_G.c.id, _G.c.kind, stored, _G.c.time_taken_ns, _G.c.hit_count, _G.c.last_used_at)
+        ):
+            used = used if used.tzinfo else used.replace(tzinfo=dt.timezone.utc)  # SQLite reads naive UTC
+            value = eviction_value(taken, int(hits or 0), int(n), now - used, half_life)
+            ranked.append((value, used, int(row_id), kind, int(n)))
+        ranked.sort()
+        for _value, _used, row_id, kind, n in ranked:
+            yield row_id, kind, n
 
     def apply_evict(self, plan: GuardedEviction) -> tuple[int, int]:
         """Delete the variants ``plan`` names (those still there). Returns ``(entries deleted,
@@ -536,12 +594,14 @@ class GuardedEntryRepository:
             KeyFactorRepository(self.session).delete_orphans()
         return deleted, freed
 
-    def evict(self, *, max_bytes: int | None = None, older_than: dt.datetime | None = None) -> tuple[int, int]:
-        """Delete least recently used variants: every one last used before ``older_than``,
-        then the oldest until the stored (compressed) payloads total at most ``max_bytes``
-        (:meth:`plan_evict`, then :meth:`apply_evict`). Returns ``(entries deleted, stored
-        bytes freed)``."""
-        return self.apply_evict(self.plan_evict(max_bytes=max_bytes, older_than=older_than))
+    def evict(self, *, max_bytes: int | None = None, older_than: dt.datetime | None = None,
+              order: str = "lru", half_life: dt.timedelta = DEFAULT_HALF_LIFE) -> tuple[int, int]:
+        """Delete variants: every one last used before ``older_than``, then the least recently
+        used (or, ``order="value"``, those worth least per byte) until the stored (compressed)
+        payloads total at most ``max_bytes`` (:meth:`plan_evict`, then :meth:`apply_evict`).
+        Returns ``(entries deleted, stored bytes freed)``."""
+        return self.apply_evict(self.plan_evict(max_bytes=max_bytes, older_than=older_than, order=order,
+                                                half_life=half_life))
 
     def variant_names(self, kind: str, key: str) -> list[str]:
         """The stored variants of ``key``, by name (read from the index alone)."""

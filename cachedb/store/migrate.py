@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 #: The head revision of the packaged migrations, known without importing Alembic (~0.25 s):
 #: opening a database that is already at head reads ``alembic_version`` and nothing else.
 #: tests/test_migrations.py checks it equals Alembic's own head.
-HEAD_REVISION = "0013"
+HEAD_REVISION = "0014"
 
 #: Seconds a process waits for another one's schema upgrade before giving up.
 DEFAULT_UPGRADE_LOCK_TIMEOUT_S = 300.0
@@ -47,17 +47,22 @@ _ALEMBIC_LOCK = threading.Lock()
 def migrations_dir() -> Path:
     """The directory holding ``env.py`` and ``versions/``.
 
-    Found as the package ``cachedb.migrations`` (wheel and editable installs), else as
-    ``migrations/`` beside the ``cachedb`` package (a plain source checkout on ``sys.path``).
+    In a source checkout (``pyproject.toml`` and ``migrations/`` beside the imported ``cachedb``
+    package), its own ``migrations/``, so that a checkout put first on ``sys.path`` runs its
+    migrations and not those of another checkout installed in editable mode; else the package
+    ``cachedb.migrations`` (wheel and editable installs). Raises
+    :class:`~cachedb.MigrationError` when neither is there.
     """
+    root = Path(__file__).resolve().parents[2]
+    if (root / "pyproject.toml").is_file() and (root / "migrations" / "env.py").is_file():
+        return root / "migrations"
     spec = importlib.util.find_spec("cachedb.migrations")
     if spec is not None and spec.submodule_search_locations:
         for location in spec.submodule_search_locations:
             if (Path(location) / "env.py").is_file():
                 return Path(location)
-    here = Path(__file__).resolve().parents[2] / "migrations"
-    if (here / "env.py").is_file():
-        return here
+    if (root / "migrations" / "env.py").is_file():
+        return root / "migrations"
     raise MigrationError("cachedb's migrations are not installed (no cachedb.migrations package)")
 
 

@@ -46,7 +46,9 @@ module, not :mod:`cachedb.store.models` (~0.1 s less per compiling process on a 
 Views (created by the migrations, see :data:`VIEW_NAMES`): ``autotune_current``,
 ``autotune_winners``, ``autotune_history`` (revision 0001; each choice's name, backend,
 description and config beside its hash since revision 0011), ``kernels`` (revision 0003),
-``autotune_timings`` (revision 0004: the timings flat, as the table of that name held them).
+``autotune_timings`` (revision 0004: the timings flat, as the table of that name held them),
+``entry_value`` (revision 0014: each FX graph and AOTAutograd variant's compile seconds, hits,
+seconds saved and bytes).
 
 Timestamps are timezone-aware UTC. Payload columns hold zstd frames; sizes are bytes of the
 uncompressed payload; ``checksum`` is the SHA-256 hex digest of the uncompressed payload.
@@ -488,8 +490,11 @@ row_origins = Table(
 #: version, host); each row with its choice's name, backend, description and config
 #: (:data:`CHOICE_VIEW_COLUMNS`, ``NULL`` where :data:`autotune_choices` has no row).
 #: Kernels (0003_kernel_artifacts.py): ``kernels``, one row per kernel key with its files,
-#: bytes (uncompressed and stored), blobs shared with other keys, hits and last use.
-VIEW_NAMES = ("autotune_timings", "autotune_current", "autotune_winners", "autotune_history", "kernels")
+#: bytes (uncompressed and stored), blobs shared with other keys, hits and last use. Entry
+#: value (0014_entry_value.py): ``entry_value``, one row per guarded variant with its compile
+#: seconds (``time_taken_ns`` / 10^9), hits, seconds saved (compile seconds × hits) and bytes.
+VIEW_NAMES = ("autotune_timings", "autotune_current", "autotune_winners", "autotune_history", "kernels",
+              "entry_value")
 
 #: The columns of :data:`autotune_choices` the tuning-history views show beside each choice hash
 #: (revision 0011), as ``(view column, table column)``.

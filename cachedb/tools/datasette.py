@@ -245,6 +245,15 @@ TABLES: dict[str, dict[str, Any]] = {
                        "files sharing a blob with another key, hits and last use.",
         "units": {"size_bytes": _BYTES, "stored_bytes": _BYTES},
     },
+    "entry_value": {
+        "description": "View: one row per FX graph / AOTAutograd variant: the compile time torch recorded, "
+                       "its hits, the compile seconds they saved and its bytes.",
+        "columns": {"compile_seconds": "the compile time torch recorded (_time_taken_ns), NULL where none",
+                    "hits": "serves of this variant",
+                    "seconds_saved": "compile_seconds x hits (0 where the compile time is unknown)",
+                    "stored_bytes": "the compressed payload the database holds (what prune --max-bytes counts)"},
+        "units": {"compile_seconds": "s", "seconds_saved": "s", "size_bytes": _BYTES, "stored_bytes": _BYTES},
+    },
 }
 
 QUERIES: dict[str, dict[str, Any]] = {

@@ -3,7 +3,16 @@
 :func:`plan` decides, without deleting anything, which FX graph/AOTAutograd entries and which
 kernel key directories (with the blobs only they use) go: those not used since ``older_than``,
 then the least recently used until what is stored fits ``max_bytes`` (entries and kernels
-together, each giving up its share of the excess). ``cachedb prune --dry-run`` prints the plan;
+together, each giving up its share of the excess). With ``order="value"`` the FX graph and
+AOTAutograd entries go worth least per stored byte first instead: an entry's value is
+
+    compile_s × (hits + 1) × 2 ** (-age / half_life) / stored_bytes
+
+(seconds of compile per byte: ``compile_s`` the compile time torch recorded, 0 where none;
+``hits + 1`` its hits and its write; ``age`` the time since its last use; ``half_life`` 7 days
+by default; :func:`cachedb.repositories.guarded.eviction_value`), the least recently used first
+among equals. Kernels and Dynamo's caches keep no compile time: they go least recently used
+first in either order. ``cachedb prune --dry-run`` prints the plan;
 ``cachedb prune`` shows it (and asks, when it is big) and :func:`apply` deletes exactly what
 it names. One code path decides what goes, whether or not it is then deleted. Dynamo's caches
 (PGO profiles, precompiled packages) are entries too, evicted by their last use the same way,
@@ -20,10 +29,13 @@ from ..repositories.artifacts import KernelEviction
 from ..repositories.dynamo import KINDS as DYNAMO_KINDS
 from ..repositories.dynamo import LABELS as DYNAMO_LABELS
 from ..repositories.dynamo import DynamoEviction
-from ..repositories.guarded import GuardedEviction
+from ..repositories.guarded import DEFAULT_HALF_LIFE, EVICTION_ORDERS, GuardedEviction
 
 if TYPE_CHECKING:
     from ..db import Repos
+
+#: Eviction orders: ``lru`` (least recently used first), ``value`` (worth least per byte first).
+ORDERS = EVICTION_ORDERS
 
 #: Columns of :meth:`PrunePlan.rows`.
 COLUMNS = ("kind", "entries", "of_entries", "files", "stored_bytes")
@@ -116,12 +128,19 @@ class PruneResult:
     kernel_bytes: int
 
 
-def plan(repos: Repos, *, max_bytes: int | None = None, older_than: dt.datetime | None = None) -> PrunePlan:
+def plan(repos: Repos, *, max_bytes: int | None = None, older_than: dt.datetime | None = None,
+         order: str = "lru", half_life: dt.timedelta = DEFAULT_HALF_LIFE, now: dt.datetime | None = None) -> PrunePlan:
     """The plan of a prune, in ``repos``' transaction (a read one will do): entries and kernels
-    not used since ``older_than``, then the least recently used until the stored bytes total at
-    most ``max_bytes``, entries and kernels each giving up their share of the excess."""
+    not used since ``older_than``, then until the stored bytes total at most ``max_bytes``
+    (entries and kernels each giving up their share of the excess) the least recently used, or
+    with ``order="value"`` the FX graph and AOTAutograd entries worth least per stored byte
+    (the module's formula, ``half_life``, ages counted to ``now``, default the current time;
+    kernels and Dynamo's caches least recently used). Raises ``ValueError`` for a negative
+    ``max_bytes``, an ``order`` not in :data:`ORDERS` or a ``half_life`` that is not positive."""
     if max_bytes is not None and max_bytes < 0:
         raise ValueError("max_bytes must not be negative")
+    if order not in ORDERS:
+        raise ValueError(f"order must be one of {', '.join(ORDERS)}, not {order!r}")
     g_limit = k_limit = None
     d_limits: dict[str, int | None] = dict.fromkeys(DYNAMO_KINDS)
     if max_bytes is not None:
@@ -135,7 +154,8 @@ def plan(repos: Repos, *, max_bytes: int | None = None, older_than: dt.datetime 
         g_over = over * g // (g + k) if g + k else 0
         g_limit, k_limit = g - g_over, k - (over - g_over)
     return PrunePlan(max_bytes, older_than,
-                     repos.guarded.plan_evict(max_bytes=g_limit, older_than=older_than),
+                     repos.guarded.plan_evict(max_bytes=g_limit, older_than=older_than, order=order,
+                                              half_life=half_life, now=now),
                      repos.artifacts.plan_evict(max_bytes=k_limit, older_than=older_than),
                      [repos.dynamo(kind).plan_evict(max_bytes=d_limits[kind], older_than=older_than)
                       for kind in DYNAMO_KINDS])
@@ -153,4 +173,4 @@ def apply(repos: Repos, prune: PrunePlan) -> PruneResult:
     return PruneResult(entries, entry_bytes, files, kernel_bytes)
 
 
-__all__ = ["COLUMNS", "PrunePlan", "PruneResult", "apply", "plan"]
+__all__ = ["COLUMNS", "DEFAULT_HALF_LIFE", "ORDERS", "PrunePlan", "PruneResult", "apply", "plan"]

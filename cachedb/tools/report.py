@@ -18,7 +18,12 @@ What it shows, all read in one snapshot (:func:`collect`):
   (ms) and when it was first and last written;
 - **cache contents** by kind and fingerprint (:func:`cachedb.tools.stats.collect`);
 - **kernels** (the ``kernels`` view): key, files, bytes, stored bytes, hits;
-- **hits over time**: hit counts and last use of guarded entries and kernels.
+- **hits over time**: hit counts and last use of guarded entries and kernels;
+- **seconds saved over time**: the compile seconds FX graph and AOTAutograd hits saved
+  (``entry_value``: compile time × hits), per kind and UTC day. The schema keeps per entry a hit
+  count and the time of its last hit, not a time per hit, so each entry's seconds saved fall on
+  the day of its last hit (entries never hit saved nothing and are left out): the chart shows
+  when the saving entries were last used, not when each hit was served.
 
 The HTML needs the ``report`` extra (``pip install 'cachedb[report]'``, Plotly); the text form
 needs nothing beyond cachedb's own dependencies.
@@ -77,6 +82,8 @@ class ReportData:
     contents: list[dict[str, Any]] = field(default_factory=list)
     kernels: list[dict[str, Any]] = field(default_factory=list)
     hits: list[dict[str, Any]] = field(default_factory=list)
+    #: per UTC day of last hit and kind: day (``YYYY-MM-DD``), kind, entries, hits, seconds_saved (s)
+    saved: list[dict[str, Any]] = field(default_factory=list)
 
     def groups(self) -> list[tuple[str, str, str]]:
         """``(op, shape, group key)`` of every op/shape, in first-seen order."""
@@ -353,7 +360,28 @@ def collect(db: CacheDB) -> ReportData:
                               "hits": k["hits"], "bytes": k["bytes"], "created_at": k["created_at"],
                               "last_used_at": k["last_used_at"]})
         data.hits.sort(key=lambda h: (h["last_used_at"] or "", h["kind"], h["key"]))
+        data.saved = _saved_by_day(_rows(s, """
+                SELECT kind, hits, seconds_saved, last_used_at FROM entry_value WHERE hits > 0"""))
     return data
+
+
+def _saved_by_day(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """``entry_value`` rows summed per UTC day of their last use and kind, oldest day first."""
+    days: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in rows:
+        used = r["last_used_at"]
+        if isinstance(used, str):  # a driver that returns the text SQLite holds
+            used = dt.datetime.fromisoformat(used)
+        if used.tzinfo is not None:
+            used = used.astimezone(dt.timezone.utc)
+        key = (used.date().isoformat(), str(r["kind"]))
+        day = days.setdefault(key, {"day": key[0], "kind": key[1], "entries": 0, "hits": 0, "seconds_saved": 0.0})
+        day["entries"] += 1
+        day["hits"] += int(r["hits"] or 0)
+        day["seconds_saved"] += float(r["seconds_saved"] or 0.0)
+    for day in days.values():
+        day["seconds_saved"] = round(day["seconds_saved"], 3)
+    return [days[k] for k in sorted(days)]
 
 
 # --------------------------------------------------------------------------- charts (Plotly figure specs)
@@ -482,6 +510,24 @@ def hits_chart(data: ReportData) -> dict[str, Any]:
                        "marker": {"size": 9, "opacity": 0.75}})
     return {"data": traces, "layout": _layout("Hits by last use", xaxis={"title": {"text": "last used (UTC)"}},
                                               yaxis={"title": {"text": "hits"}, "rangemode": "tozero"})}
+
+
+def saved_chart(data: ReportData) -> dict[str, Any]:
+    """Compile seconds saved per UTC day of the entries' last hit, stacked by kind."""
+    days = list(dict.fromkeys(r["day"] for r in data.saved))
+    traces = []
+    for kind in dict.fromkeys(r["kind"] for r in data.saved):
+        by_day = {r["day"]: r for r in data.saved if r["kind"] == kind}
+        traces.append({"type": "bar", "name": kind, "x": days,
+                       "y": [by_day[d]["seconds_saved"] if d in by_day else 0 for d in days],
+                       "customdata": [[by_day[d]["entries"], by_day[d]["hits"]] if d in by_day else [0, 0]
+                                      for d in days],
+                       "hovertemplate": "%{x}: %{y:,.1f} s saved by %{customdata[1]} hits of %{customdata[0]} "
+                                        "entries last hit that day<extra>%{fullData.name}</extra>"})
+    return {"data": traces, "layout": _layout("Compile seconds saved, by the day of each entry's last hit",
+                                              barmode="stack", xaxis={"title": {"text": "day of last hit (UTC)"},
+                                                                      "type": "category"},
+                                              yaxis={"title": {"text": "compile seconds saved"}})}
 
 
 def best_configs_chart(data: ReportData) -> dict[str, Any]:
@@ -707,6 +753,15 @@ def render_html(data: ReportData, *, max_groups: int = DEFAULT_MAX_GROUPS, plotl
                         numeric=("files", "bytes", "stored_bytes", "shared_files", "hits"),
                         limit=MAX_TABLE_ROWS) + "</section>")
 
+    parts.append('<section id="saved"><h2>Seconds saved over time</h2>'
+                 '<p class="muted">Compile seconds FX graph and AOTAutograd hits saved (the compile time torch '
+                 "recorded × hits), per day of each entry's last hit: hits carry no time of their own, so all of an "
+                 "entry's saving falls on the day it was last hit.</p>")
+    if data.saved:
+        parts.append(chart(saved_chart(data)))
+    parts.append(_table(data.saved, ("day", "kind", "entries", "hits", "seconds_saved"),
+                        numeric=("entries", "hits", "seconds_saved")) + "</section>")
+
     parts.append('<section id="hits"><h2>Hits over time</h2>'
                  '<p class="muted">Served hits of FX graph / AOTAutograd entries and kernels (counted by the '
                  "live backend) against their last use.</p>")
@@ -786,6 +841,8 @@ def render_text(data: ReportData, console: Any = None) -> None:
           ("kind", "fingerprint", "entries", "bytes", "stored_bytes"), numeric=("entries", "bytes", "stored_bytes"))
     table("Kernels", data.kernels, ("kind", "key", "files", "bytes", "stored_bytes", "hits", "last_used_at"),
           numeric=("files", "bytes", "stored_bytes", "hits"), limit=MAX_TABLE_ROWS)
+    table("Compile seconds saved, by the day of each entry's last hit", data.saved,
+          ("day", "kind", "entries", "hits", "seconds_saved"), numeric=("entries", "hits", "seconds_saved"))
     top = sorted(data.hits, key=lambda h: (-h["hits"], h["kind"], h["key"]))
     table("Hits (most used first)", top, ("kind", "key", "hits", "bytes", "last_used_at"),
           numeric=("hits", "bytes"), limit=MAX_TABLE_ROWS)
