@@ -453,7 +453,7 @@ def test_shell_completion() -> None:
     assert words == ["plain,stats"]
     env.update(COMP_WORDS="cachedb stats --format ", COMP_CWORD="3")
     words = subprocess.run([str(cachedb)], env=env, capture_output=True, text=True, timeout=60).stdout.split()
-    assert words == ["plain,table", "plain,json", "plain,csv"]
+    assert words == ["plain,table", "plain,json", "plain,csv", "plain,prometheus"]
     assert "_CACHEDB_COMPLETE=bash_source cachedb" in run("--help").output
 
 
