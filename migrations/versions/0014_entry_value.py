@@ -2,7 +2,7 @@
 
 Revision ID: 0014
 Revises: 0013
-Create Date: 2026-12-03
+Create Date: 2026-12-02
 
 - view ``entry_value``: one row per stored variant of ``guarded_entries`` (``fxgraph`` and
   ``aotautograd``, the kinds torch records a compile time for): ``id``, ``kind``, ``key``,
