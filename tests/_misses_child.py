@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
+from unittest import mock
 
 import torch
 
@@ -68,6 +69,13 @@ step("aot_config", f, torch.randn(64),  # functorch's config: the AOTAutograd ke
      patch=lambda: torch._functorch.config.patch(activation_memory_budget=0.5))
 step("guard_base", k, torch.ones(2), 6, dynamic=True)
 step("guard", k, torch.ones(2), 4, dynamic=True)
+# Another torch (its sources' digest, `torch_key`) and another machine (`CacheBase.get_system`:
+# a GPU where this CPU machine has none), each on the first step's compile.
+codecache = torch._inductor.codecache
+step("torch_key", f, torch.randn(64), patch=lambda: mock.patch.object(codecache, "torch_key", lambda: b"another torch"))
+other_system = {"device": {"name": "NVIDIA H200"}, "version": {"triton": "3.6.0", "cuda": "13.0"}, "hash": "h200"}
+step("system", f, torch.randn(64),
+     patch=lambda: mock.patch.object(codecache.CacheBase, "get_system", staticmethod(lambda: other_system)))
 active_store().flush_hits()
 if active_store().remote is not None:
     assert active_store().remote.flush(60)

@@ -153,6 +153,23 @@ def test_an_aotautograd_guard_miss(run) -> None:
     assert (miss["outcome"], miss["nearest"]) == ("guards_failed", miss["key"])
 
 
+def test_torch_key_named(run) -> None:
+    """Another torch build (``torch_key``, the digest of torch's sources): that factor alone."""
+    miss = _only(run[0], "torch_key")
+    assert miss["nearest"] == _only(run[0], "base")["key"]
+    assert _factors(miss) == ["torch_version"]
+
+
+def test_system_fingerprint_named(run) -> None:
+    """Another machine (``CacheBase.get_system``: an H200 with CUDA 13.0 where this CPU machine
+    has no device): only ``system_info`` factors, naming the device."""
+    miss = _only(run[0], "system")
+    assert miss["nearest"] == _only(run[0], "base")["key"]
+    factors = _factors(miss)
+    assert factors and all(name.startswith("system_info") for name in factors), factors
+    assert any("H200" in d["wanted"] for d in miss["differs"]), miss["differs"]
+
+
 def test_a_hit_records_no_miss(run) -> None:
     assert run[0]["hit"]["misses"] == run[0]["dynamo_config"]["misses"]
 
@@ -193,7 +210,7 @@ def test_factors_stored_compactly_and_cleared_with_their_entries(run, tmp_path: 
                 "WHERE e.kind = 'fxgraph' AND f.factor = 'example_inputs[0]'")).scalars())
         # one per key compiled (the guard step's second variant shares its key's); ~600 factors
         # a key, nearly all shared, by the AOTAutograd keys too (the same Inductor config)
-        assert entries == {"fxgraph": 7, "aotautograd": 8} and shared < 2 * 600
+        assert entries == {"fxgraph": 9, "aotautograd": 10} and shared < 2 * 600
         assert {"float32[64]", "float64[64]", "float32[32]"} <= dtypes
         with db.transaction() as repos:
             repos.guarded.clear("fxgraph")
@@ -252,7 +269,7 @@ def test_misses_against_the_shared_tier(run, module_pg_url: str, tmp_path: Path)
             counts = dict(conn.execute(text("SELECT kind, count(*) FROM entry_factors GROUP BY kind")).all())
     finally:
         remote.close()
-    assert counts == {"fxgraph": 7, "aotautograd": 8}
+    assert counts == {"fxgraph": 9, "aotautograd": 10}
 
 
 def test_misses_remote_that_is_no_database(run, tmp_path: Path) -> None:
@@ -276,9 +293,9 @@ def test_copy_and_merge_carry_factors(run, pg_url: str, tmp_path: Path) -> None:
     """SQLite -> PostgreSQL -> SQLite keeps every entry's factors; a merge into a database
     whose ids differ remaps them, keeps its own, and adds nothing the second time."""
     want = _all_factors(str(run[1]))
-    assert len(want) == 15
+    assert len(want) == 19
     report = copy_database(run[1], pg_url)
-    assert report.tables["entry_factors"].added == 15 and report.tables["key_factors"].added > 600
+    assert report.tables["entry_factors"].added == 19 and report.tables["key_factors"].added > 600
     assert _all_factors(pg_url) == want
     back = tmp_path / "back.db"
     copy_database(pg_url, back)
@@ -289,7 +306,7 @@ def test_copy_and_merge_carry_factors(run, pg_url: str, tmp_path: Path) -> None:
         repos.guarded.put("fxgraph", "fown", b"\x80\x04N.", guards_expr=None)
         repos.key_factors.put("fxgraph", "fown", [Factor("gm", "hown", "own code")])
     merged = merge_databases([run[1]], other)
-    assert merged.tables["entry_factors"].added == 15
+    assert merged.tables["entry_factors"].added == 19
     assert _all_factors(str(other)) == {**want, ("fxgraph", "fown"): {"gm": ("hown", "own code")}}
     again = merge_databases([run[1]], other)
     assert (again.tables["entry_factors"].added, again.tables["key_factors"].added) == (0, 0)
