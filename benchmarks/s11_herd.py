@@ -1,6 +1,6 @@
 """§11 Herd: hundreds of processes looking up the same entries on one shared tier at once.
 
-A fleet job starts all its ranks together: ``PROCESSES`` client processes (200; 8, one machine, with
+A fleet job starts all its ranks together: ``PROCESSES`` client processes (200; 24 with
 ``--quick``), as machines of ``PER_MACHINE`` (8) processes that share one fresh local SQLite
 file each, wait on one barrier and then look up the same ``ENTRIES`` FX graph entries (64 KB
 each) through the live store (``LiveStore.guarded_candidates``, what Inductor's FX graph cache
@@ -264,7 +264,7 @@ def run(ctx: Context) -> SectionResult:
     except Exception as exc:  # noqa: BLE001
         res.notes.append(f"skipped: PostgreSQL at {PG_URL} not reachable ({type(exc).__name__})")
         return res
-    n = PER_MACHINE if ctx.quick else PROCESSES
+    n = 24 if ctx.quick else PROCESSES
     entries = _entries(2 if ctx.quick else ENTRIES)
     keys = list(entries)
     database = f"cachedb_herd_{uuid.uuid4().hex[:10]}"
