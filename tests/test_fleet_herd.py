@@ -278,6 +278,37 @@ def test_transient_tells_passing_refusals_from_real_errors(pg_url: str) -> None:
     assert not transient(unknown.value)
 
 
+
+def test_a_real_deadlock_is_run_again(pg_url: str) -> None:
+    """Two transactions locking two rows in opposite orders: the one PostgreSQL rolls back
+    (deadlock_detected) is transient, so the remote tier runs its write again."""
+    engine = create_engine(pg_url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(text("CREATE TABLE lock_order (id int PRIMARY KEY, n int)"))
+            conn.execute(text("INSERT INTO lock_order VALUES (1, 0), (2, 0)"))
+        both_hold = threading.Barrier(2)
+        errors: list[BaseException] = []
+
+        def cross(first: int, second: int) -> None:
+            try:
+                with engine.begin() as conn:
+                    conn.execute(text("UPDATE lock_order SET n = n + 1 WHERE id = :i"), {"i": first})
+                    both_hold.wait(10)
+                    conn.execute(text("UPDATE lock_order SET n = n + 1 WHERE id = :i"), {"i": second})
+            except Exception as exc:  # the victim
+                errors.append(exc)
+
+        threads = [threading.Thread(target=cross, args=order) for order in ((1, 2), (2, 1))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    finally:
+        engine.dispose()
+    assert len(errors) == 1, errors
+    assert "deadlock detected" in str(errors[0]) and transient(errors[0])
+
 # -- connections follow lookups, not processes -----------------------------------------------
 
 

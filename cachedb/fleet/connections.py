@@ -47,6 +47,10 @@ TRANSIENT_SQLSTATES = frozenset({
     "57P02",  # crash_shutdown
     "57P03",  # cannot_connect_now: starting up, shutting down, in recovery
     "08000", "08001", "08003", "08004", "08006",  # connection exceptions
+    # The server rolled the transaction back so that another could go on; PostgreSQL's manual
+    # ("Deadlocks", "Serialization Failure Handling") says to run it again.
+    "40P01",  # deadlock_detected: two hosts upserting the same rows in another order
+    "40001",  # serialization_failure
 })
 
 #: What libpq and PgBouncer say (lowercased) when refusing a connection that a later try may
@@ -82,8 +86,9 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
 
 def transient(exc: BaseException) -> bool:
     """Whether ``exc`` (SQLAlchemy's, or the driver's it wraps) is a refusal that a later try
-    may not meet: a full server, a restart, a dropped connection (:data:`TRANSIENT_SQLSTATES`,
-    or libpq's and PgBouncer's words for them). An authentication failure, an unknown
+    may not meet: a full server, a restart, a dropped connection, a transaction rolled back
+    for a deadlock or a serialization failure (:data:`TRANSIENT_SQLSTATES`, or libpq's and
+    PgBouncer's words for them). An authentication failure, an unknown
     database or role, a statement timeout or an SQL error is not."""
     for err in _chain(exc):
         if getattr(err, "connection_invalidated", False):

@@ -669,6 +669,10 @@ class RemoteTier:
                 bundles.append(bundle)
         if not bundles:
             return
+        # One order on every host (by table, then filter values), so that two hosts writing
+        # overlapping batches take their row locks in the same order; a deadlock that still
+        # comes (shared factor or blob rows) rolls back one try, which _run runs again.
+        bundles.sort(key=lambda b: (b.entry.kind, tuple(map(str, b.entry.values))))
         key = self.trust.signing_key
         if key is not None:
             for bundle in bundles:
