@@ -563,3 +563,21 @@ def test_a_corrupt_local_variant_is_served_from_the_remote(tmp_path: Path) -> No
         assert conn.execute(text("SELECT count(*) FROM quarantined_entries")).scalar_one() == 1
     local.close()
     assert _counts(str(local_path))["guarded_entries"] == 1  # the remote's copy, now local
+
+
+def test_the_driver_is_imported_before_the_first_lookup() -> None:
+    """A fresh process's remote tier imports psycopg on a thread as it is made, so the first
+    lookup does not pay for it; nothing is connected until then."""
+    code = (
+        "import sys, time\n"
+        "from cachedb.live._remote import RemoteTier\n"
+        "assert 'psycopg' not in sys.modules\n"
+        f"tier = RemoteTier({PG_URL!r})\n"
+        "deadline = time.monotonic() + 30\n"
+        "while 'psycopg.postgres' not in sys.modules and time.monotonic() < deadline:\n"
+        "    time.sleep(0.01)\n"
+        "print('psycopg.postgres' in sys.modules, tier._db is None, tier.counts['connections'])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "True", "0"]
