@@ -51,6 +51,8 @@ live_log.addHandler(handler)
 import cachedb  # noqa: E402
 from torch._dynamo.utils import counters  # noqa: E402
 
+from cachedb.live import _warm_up  # noqa: E402
+
 if args.db != "-":  # "-": torch alone, its own files
     cachedb.install(args.db, **({"remote": args.remote, "remote_trust": True} if args.remote else {}))
 
@@ -80,4 +82,5 @@ print(json.dumps({
     "miss": counters["inductor"]["fxgraph_cache_miss"], "hit": counters["inductor"]["fxgraph_cache_hit"],
     "results": results, "own_ok": torch.allclose(torch.tensor(own_result), x * scale - 1.0),
     "eager": [fn(x).tolist() for fn in shared], "waits": waits, "seconds": seconds,
+    "warmed": _warm_up.started(),
 }), flush=True)

@@ -90,3 +90,32 @@ def build_live_cache(root: Path) -> tuple[Path, dict, dict]:
     warm = cachedb_run(db, root / "warm", root / MACHINES[1], PYTHONPROFILEIMPORTTIME="1")
     assert leftovers(root / "warm") == []
     return db, cold, warm
+
+
+#: The directory :func:`build_isa_probes` filled for this test run (set by the session fixture
+#: ``isa_probes`` of tests/conftest.py; ``None``: not built, :func:`seeded` copies nothing).
+ISA_PROBES: Path | None = None
+
+
+def build_isa_probes(cache_dir: Path) -> None:
+    """Have torch probe this CPU's vector ISAs into ``cache_dir`` (``cpu_vec_isa.pick_vec_isa``:
+    a C++ test program built per ISA, ~6 s on 2 cores), as the first compile in an empty cache
+    dir does."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CACHEDB_")}
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(Path(cache_dir).resolve())
+    subprocess.run([sys.executable, "-c", "from torch._inductor import cpu_vec_isa; cpu_vec_isa.pick_vec_isa()"],
+                   env=env, check=True, capture_output=True, timeout=TIMEOUT_S)
+
+
+def seeded(cache_dir: Path) -> str:
+    """``cache_dir`` (made if absent) holding a copy of torch's ISA probes (:data:`ISA_PROBES`),
+    as a string for ``TORCHINDUCTOR_CACHE_DIR``. For a child whose test is about what cachedb
+    does on a compile, not about an empty cache dir: it compiles its graphs and kernels as
+    before but does not build the probes again (each built them in its own empty cache dir)."""
+    import shutil
+
+    cache_dir = Path(cache_dir)
+    if ISA_PROBES is not None:
+        shutil.copytree(ISA_PROBES, cache_dir, dirs_exist_ok=True)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    return str(cache_dir)

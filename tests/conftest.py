@@ -180,6 +180,25 @@ def real_cache(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     return Path(cache_dir), summary
 
 
+@pytest.fixture(scope="session", autouse=True)
+def isa_probes(tmp_path_factory: pytest.TempPathFactory) -> Path | None:
+    """torch's vector-ISA probes (C++ test programs) built once per test run into a cache dir
+    that :func:`tests._realcache.seeded` copies into a child's fresh one (``None`` without
+    torch)."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        return None
+    from . import _realcache
+
+    def build(target: Path) -> str:
+        _realcache.build_isa_probes(target)
+        return str(target)
+
+    _realcache.ISA_PROBES = Path(_built_once(tmp_path_factory, "isa_probes", build))
+    return _realcache.ISA_PROBES
+
+
 @pytest.fixture(scope="session")
 def live_cache(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, dict]:
     """The same workloads compiled under ``cachedb run`` into a database, then run again on a

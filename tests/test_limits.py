@@ -21,6 +21,8 @@ from cachedb import CacheDB
 from cachedb.store import migrate
 from cachedb.store.filesystems import network_filesystem
 
+from ._realcache import seeded
+
 torch = pytest.importorskip("torch")
 
 #: Compiles a function for two shapes; prints how long the compiles took (s), how long of it
@@ -59,7 +61,7 @@ def _compile(db: Path, cache_dir: Path, timeout_s: float) -> tuple[dict, list[st
     script = cache_dir.parent / "compile.py"
     script.write_text(textwrap.dedent(_COMPILE))
     env = {k: v for k, v in os.environ.items() if not k.startswith("CACHEDB_")}
-    env["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir)
+    env["TORCHINDUCTOR_CACHE_DIR"] = seeded(cache_dir)
     proc = subprocess.run([sys.executable, str(script), str(db), str(timeout_s)], capture_output=True,
                           text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]

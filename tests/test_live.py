@@ -18,6 +18,7 @@ from cachedb import CacheDB
 
 from ._realcache import MACHINES
 from ._realcache import cachedb_run as _cachedb_run
+from ._realcache import seeded
 
 torch = pytest.importorskip("torch")
 
@@ -271,7 +272,7 @@ def _compile_with(db: str, tmp_path: Path, timeout_s: float = 1.0) -> subprocess
     script = tmp_path / "compile.py"
     script.write_text(textwrap.dedent(_COMPILE))
     env = {k: v for k, v in os.environ.items() if not k.startswith("CACHEDB_")}
-    env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path / "ind")
+    env["TORCHINDUCTOR_CACHE_DIR"] = seeded(tmp_path / "ind")
     return subprocess.run([sys.executable, str(script), db, str(timeout_s)], capture_output=True, text=True,
                           env=env, timeout=600)
 
@@ -363,7 +364,7 @@ def _env_child(tmp_path: Path, code: str, db: str = "env.db", *, check: bool = T
 
     env = child_environment(str(tmp_path / db), base={k: v for k, v in os.environ.items()
                                                        if not k.startswith("CACHEDB_")})
-    env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path / "ind")
+    env["TORCHINDUCTOR_CACHE_DIR"] = seeded(tmp_path / "ind")
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
                           env=env, check=check, timeout=300)
 

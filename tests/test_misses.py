@@ -33,6 +33,7 @@ from cachedb.live._store import LiveStore
 from cachedb.settings import SettingError, read
 
 from .conftest import _PG
+from ._realcache import seeded
 
 #: Its module fixtures build real caches: one worker builds each once (xdist --dist loadgroup).
 pytestmark = pytest.mark.xdist_group("misses")
@@ -48,7 +49,7 @@ def run(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
     ``module_pg_url`` where PostgreSQL is reachable."""
     tmp = tmp_path_factory.mktemp("misses")
     env = {k: v for k, v in os.environ.items() if not k.startswith("CACHEDB_")}
-    env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp / "inductor")
+    env["TORCHINDUCTOR_CACHE_DIR"] = seeded(tmp / "inductor")
     env["TMPDIR"] = str(tmp / "tmp")
     os.makedirs(env["TMPDIR"])
     out, db = tmp / "report.json", tmp / "cache.db"

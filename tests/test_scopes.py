@@ -19,6 +19,8 @@ from sqlalchemy import text
 
 from cachedb import CacheDB
 
+from ._realcache import seeded
+
 #: Its module fixtures build real caches: one worker builds each once (xdist --dist loadgroup).
 pytestmark = pytest.mark.xdist_group("scopes")
 
@@ -29,7 +31,7 @@ CHILD = Path(__file__).with_name("_scopes_child.py")
 
 def _start(tmp_path: Path, mode: str) -> tuple[subprocess.Popen[str], Path]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CACHEDB_")}
-    env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path / f"ind-{mode}")
+    env["TORCHINDUCTOR_CACHE_DIR"] = seeded(tmp_path / f"ind-{mode}")
     env["TMPDIR"] = str(tmp_path / f"tmp-{mode}")
     os.makedirs(env["TMPDIR"])
     out = tmp_path / f"{mode}.json"

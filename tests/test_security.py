@@ -22,6 +22,8 @@ from cachedb.store.trust import untrusted_reason
 from cachedb.cli import main
 from cachedb.store.models import GuardedEntry
 
+from ._realcache import seeded
+
 
 def _mode(path: Path) -> int:
     return stat.S_IMODE(path.stat().st_mode)
@@ -82,7 +84,7 @@ def test_pickles_from_another_users_db_are_not_loaded(tmp_path: Path) -> None:
     script.write_text(textwrap.dedent(_LOAD))
     db = tmp_path / "c.db"
     env = {k: v for k, v in os.environ.items() if not k.startswith("CACHEDB_")}
-    env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path / "ind")
+    env["TORCHINDUCTOR_CACHE_DIR"] = seeded(tmp_path / "ind")
 
     def run(extra: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, str(script), str(db)], capture_output=True, text=True,
@@ -215,7 +217,7 @@ def test_hits_update_counts_and_last_use(tmp_path: Path) -> None:
     script.write_text(textwrap.dedent(_HITS))
     db = tmp_path / "h.db"
     env = {k: v for k, v in os.environ.items() if not k.startswith("CACHEDB_")}
-    env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path / "ind")
+    env["TORCHINDUCTOR_CACHE_DIR"] = seeded(tmp_path / "ind")
     for _ in range(3):
         subprocess.run([sys.executable, str(script), str(db)], check=True, env=env, timeout=600,
                        capture_output=True)

@@ -16,6 +16,8 @@ from hypothesis import strategies as st
 from cachedb import CacheDBError
 from cachedb.settings import VARIABLES, SettingError, check_environment, read
 
+from ._realcache import seeded
+
 
 def test_a_bad_value_names_the_variable_its_value_and_the_form() -> None:
     with pytest.raises(SettingError) as info:
@@ -59,7 +61,7 @@ def test_every_variable_the_code_reads_is_known() -> None:
 
 def _child(code: str, env_extra: dict[str, str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CACHEDB_")}
-    env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path / "ind")
+    env["TORCHINDUCTOR_CACHE_DIR"] = seeded(tmp_path / "ind")
     env.update(env_extra)
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
                           env=env, timeout=300)

@@ -18,6 +18,8 @@ import pytest
 
 from cachedb import CacheDB
 
+from ._realcache import seeded
+
 torch = pytest.importorskip("torch")
 
 CHILD = Path(__file__).resolve().parents[1] / "benchmarks" / "_flight_child.py"
@@ -27,7 +29,7 @@ GRAPHS = 2  # the graphs every child shares (and one of its own each): two of th
 def _start(tmp_path: Path, db: Path, tag: str, *args: str, graphs: int = GRAPHS,
            **env_extra: str) -> tuple[subprocess.Popen[str], Path]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CACHEDB_")}
-    env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path / f"ind-{tag}")  # a machine's own directory
+    env["TORCHINDUCTOR_CACHE_DIR"] = seeded(tmp_path / f"ind-{tag}")  # a machine's own directory
     env.update(env_extra)
     err = tmp_path / f"{tag}.err"
     proc = subprocess.Popen([sys.executable, str(CHILD), str(db), tag, "--graphs", str(graphs), *args],
@@ -71,6 +73,8 @@ def test_ranks_sharing_a_local_file_compile_each_graph_once(tmp_path: Path) -> N
     _compiled_once(reports)
     waited = [w for r in reports for w in r["waits"]]
     assert waited and all(w["why"] == "landed" for w in waited)
+    # a process that waited probed the vector ISAs meanwhile; one that never waited did not
+    assert [r["warmed"] for r in reports] == [bool(r["waits"]) for r in reports]
     assert all("waiting for" in line and "which pid" in line
                for run in runs for line in run[1].read_text().splitlines() if "cachedb.live WARNING" in line)
     stats = subprocess.run([sys.executable, "-m", "cachedb", "--db", str(db), "stats", "--format", "json"],

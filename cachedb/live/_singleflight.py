@@ -271,12 +271,13 @@ class Flights:
     # -- a miss -------------------------------------------------------------------------------
 
     def on_miss(self, kind: str, key: str, landed: Callable[[], bool], *,
-                remote: Remote | None = None) -> Outcome:
+                remote: Remote | None = None, warm_up: Callable[[], None] | None = None) -> Outcome:
         """A lookup of ``kind``/``key`` missed and torch is about to compile: claim the key, or
         wait for the process holding it (``landed()`` tells whether the entry is stored now).
         ``remote``: the remote tier's lease, asked once the local claim is held; where another
         machine holds it, this process waits for that machine's entry (the other ranks of this
-        machine waiting on this process meanwhile)."""
+        machine waiting on this process meanwhile). ``warm_up()`` is called as a wait begins
+        (it must not block: :mod:`cachedb.live._warm_up`)."""
         if os.getpid() != self._pid:
             self.after_fork_in_child()
         if not getattr(self._scopes, "stack", None):
@@ -299,7 +300,7 @@ class Flights:
                 if lease is None and holder is not None:  # another machine compiles it
                     # the other ranks of this machine wait on this claim meanwhile
                     if self._wait(kind, key, remote.landed, on=_holder_text(holder), local=False,
-                                  alive=remote.held) is Outcome.LANDED:
+                                  alive=remote.held, warm_up=warm_up) is Outcome.LANDED:
                         os.close(claim.fd)
                         return Outcome.LANDED
                 claim.remote = lease
@@ -308,13 +309,18 @@ class Flights:
         stored, beat, pid, host = self._read(self._slot(kind, key)[0])
         if stored != self._slot(kind, key)[1]:
             return Outcome.ALONE  # the slot is another key's claim
-        return self._wait(kind, key, landed, on=f"pid {pid} on {host}", local=True)
+        return self._wait(kind, key, landed, on=f"pid {pid} on {host}", local=True, warm_up=warm_up)
 
     def _wait(self, kind: str, key: str, landed: Callable[[], bool], *, on: str, local: bool,
-              alive: Callable[[], bool] | None = None) -> Outcome:
+              alive: Callable[[], bool] | None = None, warm_up: Callable[[], None] | None = None) -> Outcome:
         what = "FX graph" if kind == "fxgraph" else "AOTAutograd entry"
         log.warning("cachedb: waiting for %s %s, which %s is compiling (up to %g s)", what, key[:16], on,
                     self.wait_s)
+        if warm_up is not None:
+            try:
+                warm_up()
+            except Exception as exc:  # noqa: BLE001 - the wait goes on without it
+                log.debug("cachedb: warm-up during a wait: %s", exc)
         started = time.monotonic()
         deadline = started + self.wait_s
         index, d = self._slot(kind, key)

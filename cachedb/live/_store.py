@@ -42,7 +42,7 @@ from ..repositories.timings import next_position
 from ._best_configs import BestConfigCopy, Refused
 from ..fleet import trust as _trust
 from .. import settings
-from . import _singleflight
+from . import _singleflight, _warm_up
 from ._remote import RemoteTier
 from ._writer import WriteBehind, enabled_by_environment
 
@@ -678,7 +678,7 @@ class LiveStore:
                 held=lambda: tier.compile_holder(kind, key) is not None,
             )
         try:
-            outcome = flights.on_miss(kind, key, landed, remote=remote)
+            outcome = flights.on_miss(kind, key, landed, remote=remote, warm_up=_warm_up.start)
         except Exception as exc:  # noqa: BLE001 - never the compile's failure: compile alone
             self.warn_once("compile claim", exc)
             return False
