@@ -110,24 +110,26 @@ def _client(mode: str, url: str, local: str, keys: list[str], barrier: Any, out:
             def lookup(key: str) -> bool:
                 return client.get(key) is not None  # RedisRemoteCacheBackend._get
         else:
+            import psycopg
+
             from cachedb.live._remote import RemoteTier
             from cachedb.live._store import LiveStore
 
-            from sqlalchemy import event
-            from sqlalchemy.engine import Engine
-
             opened: dict[int, list[float]] = report.setdefault("connections", {})
+            connect, close = psycopg.Connection.connect, psycopg.Connection.close
 
-            def connected(dbapi_conn: Any, record: Any) -> None:
-                if type(dbapi_conn).__module__.startswith("psycopg"):
-                    opened[id(dbapi_conn)] = [time.time(), 0.0]
+            def connected(*args: Any, **kwargs: Any) -> Any:  # every connection to the server:
+                conn = connect(*args, **kwargs)                 # an engine's and the driver reader's
+                opened[id(conn)] = [time.time(), 0.0]
+                return conn
 
-            def closed(dbapi_conn: Any, record: Any) -> None:
-                if id(dbapi_conn) in opened:
-                    opened[id(dbapi_conn)][1] = time.time()
+            def closed(conn: Any) -> None:
+                if id(conn) in opened and not opened[id(conn)][1]:
+                    opened[id(conn)][1] = time.time()
+                close(conn)
 
-            for name, fn in (("connect", connected), ("close", closed), ("close_detached", closed)):
-                event.listen(Engine, name, fn)  # every engine's pool: the remote's connections
+            psycopg.connect = connected  # what SQLAlchemy's dialect and the driver reader call
+            psycopg.Connection.close = closed  # type: ignore[method-assign]
             store = LiveStore(local, remote=RemoteTier(url, trust=_accept()), write_behind=False)
             store.db  # the local file opened before the barrier: the herd measures the remote
             opened.clear()  # the local SQLite file's connection is not the server's

@@ -337,7 +337,9 @@ def test_a_remote_connection_closes_when_idle(tmp_path: Path, pg_url: str) -> No
         assert _served(store, entries[1][0]) == entries[1][1]  # a new one for the next burst
         store.best_config_put("ab/kernel.best_config", BEST_CONFIG)
         assert store.remote is not None and store.remote.flush(30)
-        assert store.remote._closer is not None and store.remote._closer.closed_idle >= 1
+        # the lookups ran on the driver reader's connection (cachedb.fleet.tier_read): its idle
+        # closer closed it between the bursts
+        assert store.remote._reader_closer is not None and store.remote._reader_closer.closed_idle >= 1
     finally:
         store.close()
     assert _connections(name) == 0

@@ -581,3 +581,111 @@ def test_the_driver_is_imported_before_the_first_lookup() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["True", "True", "0"]
+
+
+# -- lookups on the driver (cachedb.fleet.tier_read) -------------------------------------------
+
+
+def _filled_remote(real_cache: tuple[Path, dict], tmp_path: Path, pg_url: str) -> dict:
+    """Machine A's entries of every kind on the remote (one FX graph key with factors)."""
+    from cachedb.keys.factors import Factor
+
+    files = _real_files(real_cache[0])
+    a = LiveStore(str(tmp_path / "a.db"), remote=RemoteTier(pg_url))
+    key = files["fxgraph"][0][0]
+    a.note_miss("fxgraph", key, [Factor("graph_code", "ab" * 8, "def forward(x): ..."),
+                                 Factor("inductor_config.max_autotune", "cd" * 8, "False")])
+    _fill_machine_a(a, files, _timings_doc(real_cache[0]))
+    a.close()
+    assert a.remote.counts["failures"] == 0
+    return files
+
+
+def test_the_driver_reader_reads_what_the_engine_reads(
+    real_cache: tuple[Path, dict], tmp_path: Path, pg_url: str
+) -> None:
+    """Every kind the driver reader serves: the same bundle as tier_sync.fetch on the engine
+    (rows, factor ids, fingerprints, kernel blobs), and the same SQL text although its dialect
+    never connected."""
+    from cachedb.fleet import tier_read
+    from cachedb.fleet import tier_sync as sync
+    from cachedb.repositories.factors import KeyFactorRepository
+    from cachedb.store.tables import DYNAMO_TABLES
+
+    files = _filled_remote(real_cache, tmp_path, pg_url)
+    entries = [sync.guarded(kind, key) for kind in ("fxgraph", "aotautograd") for key, _, _ in files[kind]]
+    entries += [sync.kernel("cpp", "host-a", key) for key, _, _ in files["cpp"]]
+    entries += [sync.best_config(key) for key, _, _ in files["best_config"]]
+    stored = len(entries)
+    entries += [sync.local_values(current_fingerprint().system_hash, "autotune_local_cache"),
+                sync.guarded("fxgraph", "fnot-stored"), sync.best_config("zz/none.best_config"),
+                *(sync.dynamo(kind, "none") for kind in DYNAMO_TABLES)]
+    assert {e.kind for e in entries} == tier_read.KINDS
+    reader = tier_read.DriverReader(pg_url, timeout_s=5.0)
+    db = CacheDB(pg_url, upgrade=False)
+    try:
+        with db.engine.connect() as conn:
+            factored = 0
+            for entry in entries:
+                for with_blobs in (True, False) if entry.kind == "kernel" else (True,):
+                    ours = reader.fetch(entry, with_blobs=with_blobs)
+                    assert ours == sync.fetch(conn, entry, with_blobs=with_blobs), entry
+                    if ours.factor_ids:
+                        factored += 1
+                        by_id = KeyFactorRepository(conn).by_id(ours.factor_ids)
+                        assert len(by_id) == 2 and reader.factors(ours.factor_ids + [10**9]) == by_id
+                    stmt = sync._statement(entry, with_blobs).compile(dialect=db.engine.dialect)
+                    assert reader.query(entry, with_blobs=with_blobs).sql == stmt.string
+            assert factored == 1
+            assert all(reader.fetch(e) for e in entries[:stored])  # machine A's entries are there
+    finally:
+        db.close()
+    assert reader.connections == 1  # one connection for every lookup, its revision read once
+    reader.close()
+    with pytest.raises(tier_read.ReaderClosed):
+        reader.fetch(entries[0])
+
+
+def _lookup_in_child(tier: RemoteTier, local: str, key: str, out: multiprocessing.Queue) -> None:
+    store = LiveStore(local, remote=tier, write_behind=False)
+    out.put((next(iter(store.guarded_candidates("fxgraph", key)), None) is not None, tier._db is None,
+             tier.counts["connections"]))
+
+
+def test_lookups_run_on_the_driver_until_the_engine_opens(
+    real_cache: tuple[Path, dict], tmp_path: Path, pg_url: str
+) -> None:
+    """A process's lookups take one connection of the driver reader and build no engine; a
+    forked child (a compile worker) opens its own; the first write opens the engine, which
+    closes the reader's connection first, and the lookups after it go through the engine."""
+    files = _filled_remote(real_cache, tmp_path, pg_url)
+    (key0, variant0, data0), (key1, _, _) = files["fxgraph"][0], files["fxgraph"][1]
+    tier = RemoteTier(pg_url, idle_s=60.0)
+    b = LiveStore(str(tmp_path / "b.db"), remote=tier, write_behind=False)
+    try:
+        assert dict(b.guarded_candidates("fxgraph", key0))[variant0] == data0
+        assert tier.flush(30)  # the key's factors, looked up by the writer thread on the driver too
+        check = CacheDB(str(tmp_path / "b.db"), upgrade=False)
+        with check.read() as repos:
+            assert len(repos.key_factors.of("fxgraph", key0)) == 2
+        check.close()
+        assert tier._db is None and tier.counts["connections"] == 1 and tier.counts["lookup_statements"] == 1
+        reader = tier._reader
+        assert reader is not None and reader.connected
+        out: multiprocessing.Queue = multiprocessing.get_context("fork").Queue()
+        child = multiprocessing.get_context("fork").Process(
+            target=_lookup_in_child, args=(tier, str(tmp_path / "c.db"), key1, out))
+        child.start()
+        assert out.get(timeout=60) == (True, True, 2)  # its own connection: the parent's one, plus one
+        child.join(60)
+        # the parent's connection survived the child
+        best_key, _, best = files["best_config"][0]
+        assert b.best_config_get(best_key) == best
+        assert tier.counts["connections"] == 1 and reader.connected
+        b.best_config_put("zz/written.best_config", b'{"XBLOCK": 8}')
+        assert tier.flush(30)
+        assert tier._db is not None and reader.closed and not reader.connected
+        assert dict(b.guarded_candidates("fxgraph", key1))  # through the engine now
+        assert tier.counts["failures"] == 0
+    finally:
+        b.close()

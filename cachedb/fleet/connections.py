@@ -28,7 +28,16 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from typing import Protocol
+
 from sqlalchemy import Engine
+
+
+class Disposable(Protocol):
+    """What :class:`IdleCloser` closes: an engine's pool, or the connection of a
+    :class:`~cachedb.fleet.tier_read.DriverReader`."""
+
+    def dispose(self) -> None: ...
 
 #: Seconds a remote connection stays open after its last statement. A warm start's lookups
 #: come in bursts (Dynamo traces a frame, Inductor looks up its graph, kernels and configs)
@@ -130,7 +139,8 @@ def idle_seconds_from_environment() -> float:
 
 
 class IdleCloser:
-    """Closes the pooled connections of ``engine`` once it has gone ``idle_s`` seconds
+    """Closes the pooled connections of ``engine`` (an :class:`~sqlalchemy.Engine`, or anything
+    with a ``dispose()`` that closes its connections) once it has gone ``idle_s`` seconds
     without a :meth:`lease` in progress.
 
     Every use of the engine happens inside a :meth:`lease`; when the last one ends, a daemon
@@ -140,7 +150,7 @@ class IdleCloser:
     closings. Thread-safe; with ``idle_s == 0`` the pool is disposed as the last lease ends.
     """
 
-    def __init__(self, engine: Engine, idle_s: float) -> None:
+    def __init__(self, engine: Engine | Disposable, idle_s: float) -> None:
         self.engine = engine
         self.idle_s = idle_s
         self.closed_idle = 0
@@ -164,7 +174,7 @@ class IdleCloser:
             self._thread.start()
 
     @contextmanager
-    def lease(self) -> Iterator[Engine]:
+    def lease(self) -> Iterator[Engine | Disposable]:
         """The engine, for a burst of statements: its idle connections are not closed while
         any lease is in progress."""
         if os.getpid() != self._pid:

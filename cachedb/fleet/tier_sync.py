@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -200,21 +200,7 @@ def fetch(conn: Connection, entry: Entry, *, with_blobs: bool = True) -> Bundle:
     for its ops; an FX graph / AOTAutograd key's ``factor_ids`` come in the same query).
     ``with_blobs=False`` reads kernel files without their blobs' bytes (then
     :func:`missing_blobs` and :func:`fetch_blobs`). An empty bundle is falsy."""
-    bundle = Bundle(entry)
-    for mapping in conn.execute(_statement(entry, with_blobs)).mappings():
-        row = {k: v for k, v in mapping.items() if not k.startswith(("fp_", "blob_", "ef_"))}
-        if entry.kind == "guarded" and not bundle.factor_ids:
-            bundle.factor_ids = id_list(mapping["ef_factor_ids"])
-        if entry.kind == "choices":
-            bundle.rows.append(row)
-            continue
-        fp = {c: mapping[f"fp_{c}"] for c in _FP_COLUMNS} if "fp_fingerprint_key" in mapping else None
-        row["fp"] = fp if fp is not None and fp["fingerprint_key"] is not None else None
-        if entry.kind == "kernel":
-            sha = row["sha256"] = mapping["blob_sha256"]
-            if with_blobs and sha not in bundle.blobs:
-                bundle.blobs[sha] = {c: (sha if c == "sha256" else mapping[f"blob_{c}"]) for c in _BLOB_COLUMNS}
-        bundle.rows.append(row)
+    bundle = bundle_of(entry, conn.execute(_statement(entry, with_blobs)).mappings(), with_blobs=with_blobs)
     if entry.table == "autotune_timings" and bundle.rows:
         bundle.choices = choices_repo.rows_for(conn, {r["choice_hash"] for r in bundle.rows})
     if entry.kind == "cutlass" and bundle.rows:
@@ -229,6 +215,28 @@ def fetch(conn: Connection, entry: Entry, *, with_blobs: bool = True) -> Bundle:
         for mapping in conn.execute(stmt).mappings():
             values = dict(mapping)
             bundle.ops.setdefault(values.pop("request_key"), []).append(values)
+    return bundle
+
+
+def bundle_of(entry: Entry, mappings: Iterable[Mapping[str, Any]], *, with_blobs: bool = True) -> Bundle:
+    """The :class:`Bundle` of ``entry`` from the rows of its :func:`fetch` statement (each a
+    mapping of the statement's column labels), the timings' choices and CUTLASS ops aside:
+    what :func:`fetch` and :class:`cachedb.fleet.tier_read.DriverReader` make of the rows."""
+    bundle = Bundle(entry)
+    for mapping in mappings:
+        row = {k: v for k, v in mapping.items() if not k.startswith(("fp_", "blob_", "ef_"))}
+        if entry.kind == "guarded" and not bundle.factor_ids:
+            bundle.factor_ids = id_list(mapping["ef_factor_ids"])
+        if entry.kind == "choices":
+            bundle.rows.append(row)
+            continue
+        fp = {c: mapping[f"fp_{c}"] for c in _FP_COLUMNS} if "fp_fingerprint_key" in mapping else None
+        row["fp"] = fp if fp is not None and fp["fingerprint_key"] is not None else None
+        if entry.kind == "kernel":
+            sha = row["sha256"] = mapping["blob_sha256"]
+            if with_blobs and sha not in bundle.blobs:
+                bundle.blobs[sha] = {c: (sha if c == "sha256" else mapping[f"blob_{c}"]) for c in _BLOB_COLUMNS}
+        bundle.rows.append(row)
     return bundle
 
 

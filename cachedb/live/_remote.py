@@ -63,6 +63,7 @@ from sqlalchemy import event
 from sqlalchemy.exc import IntegrityError
 
 from ..store import migrate
+from ..fleet import tier_read
 from ..fleet import tier_sync as sync
 from ..fleet import trust as _trust
 from ..fleet.connections import IdleCloser, backoff, idle_seconds_from_environment, options_refused, transient
@@ -205,7 +206,10 @@ class RemoteTier:
         self.closed = False
         #: this process's name on the remote's compile leases (host, pid, a random part)
         self.holder = _holder_name()
-        _prepare_driver(url)
+        #: lookups on the driver while the engine is not open (:mod:`cachedb.fleet.tier_read`)
+        self._reader = tier_read.DriverReader(url, timeout_s=timeout_s) if tier_read.serves(url) else None
+        self._reader_closer: IdleCloser | None = None
+        _prepare_driver(url, self._reader)
 
     @property
     def where(self) -> str:
@@ -272,6 +276,10 @@ class RemoteTier:
             self._thread = None
             self._lock = threading.RLock()
             self.holder = _holder_name()
+            if self._reader is not None:  # the parent's connection is not this process's
+                self._reader = tier_read.DriverReader(self.url, timeout_s=self.timeout_s,
+                                                      statement_timeout=self._statement_timeout)
+                self._reader_closer = None
 
     def _coalescer(self, local: CacheDB) -> _coalesce.Coalescer | None:
         """The sidecar shared with the other processes of ``local``'s file (None: none)."""
@@ -282,7 +290,9 @@ class RemoteTier:
 
     def _connect(self) -> CacheDB:
         """Open the remote and check its schema (an empty one is created at the code's
-        revision); raises what opening raised."""
+        revision); raises what opening raised. The driver reader's connection is closed
+        first, and its lookups go through the engine from then on: one connection at a time."""
+        self._retire_reader()
         db = CacheDB(self.url, upgrade=False, busy_timeout_s=self.timeout_s, network_timeout_s=self.timeout_s,
                      statement_timeout=self._statement_timeout)
         closer = IdleCloser(db.engine, self.idle_s)
@@ -421,8 +431,16 @@ class RemoteTier:
             with self._reading(db) as conn:
                 return sync.fetch(conn, entry)
 
+        def fetch_on_driver(reader: tier_read.DriverReader) -> sync.Bundle:
+            found = reader.fetch(entry)
+            self.counts["pull"] += 1
+            self.counts["lookup_statements"] += 1
+            return found
+
         try:
-            bundle = self._run(deadline, fetch)
+            bundle = self._on_driver(deadline, fetch_on_driver) if entry.kind in tier_read.KINDS else None
+            if bundle is None:
+                bundle = self._run(deadline, fetch)
         except _Down:
             return False
         except Exception as exc:
@@ -458,6 +476,64 @@ class RemoteTier:
         if slot is not None:
             slot.mark_asked(bool(bundle))
         return bool(bundle)
+
+    def _on_driver(self, deadline: float, fn: Callable[[tier_read.DriverReader], T]) -> T | None:
+        """``fn(reader)`` on the driver reader (:mod:`cachedb.fleet.tier_read`), waiting out
+        transient refusals until ``deadline``; ``None`` where the engine's path is to read
+        instead (the engine is open, or the remote's schema is not the code's revision).
+        Raises :class:`_Down` (warned about) where connecting failed, else the driver's last
+        error."""
+        reader = self._reader
+        if reader is None or reader.closed or self._db is not None:
+            return None
+        if self._reader_closer is None:
+            self._reader_closer = IdleCloser(reader, self.idle_s)
+        closer = self._reader_closer
+        delays: Iterator[float] | None = None
+        while True:
+            before = reader.connections
+            try:
+                with closer.lease():
+                    result = fn(reader)
+            except (tier_read.StaleSchema, tier_read.ReaderClosed):
+                return None
+            except tier_read.OpenFailed as failed:  # as the engine's _open: a refusal that passes
+                exc = failed.__cause__ or failed    # is waited out, else reads and writes pause
+                if reader.statement_timeout and options_refused(exc):
+                    reader.statement_timeout = self._statement_timeout = False
+                    continue
+                if delays is None:
+                    delays = backoff(deadline)
+                delay = next(delays, None) if transient(exc) else None
+                if delay is not None:
+                    self.counts["retries"] += 1
+                    time.sleep(delay)
+                    continue
+                self._read_down_until = self._write_down_until = time.monotonic() + RETRY_AFTER_S
+                self._warn_once("opening", exc, seconds=RETRY_AFTER_S)
+                raise _Down() from exc
+            except Exception as exc:
+                if not transient(exc):
+                    raise
+                if delays is None:
+                    delays = backoff(deadline)
+                delay = next(delays, None)
+                if delay is None:
+                    raise
+                self.counts["retries"] += 1
+                time.sleep(delay)
+                continue
+            finally:
+                self.counts["connections"] += reader.connections - before
+            return result
+
+    def _retire_reader(self) -> None:
+        """Close the driver reader (waiting for a lookup in flight on it) and its idle closer."""
+        reader, closer = self._reader, self._reader_closer
+        if closer is not None:
+            closer.stop()
+        if reader is not None and not reader.closed:
+            reader.close()
 
     # -- writes -------------------------------------------------------------------------------
 
@@ -566,7 +642,9 @@ class RemoteTier:
 
         try:
             if unknown:
-                self._remember_factors(self._run(time.monotonic() + self.timeout_s, read))
+                deadline = time.monotonic() + self.timeout_s
+                found = self._on_driver(deadline, lambda reader: reader.factors(unknown))
+                self._remember_factors(found if found is not None else self._run(deadline, read))
             bundle.factors = [self._factor_by_id[i] for i in bundle.factor_ids if i in self._factor_by_id]
             if bundle.factors:
                 with lookup.local.write() as repos:
@@ -761,6 +839,7 @@ class RemoteTier:
             except queue.Full:
                 pass
         with self._lock:
+            self._retire_reader()
             if self._closer is not None:
                 self._closer.stop()
                 self._closer = None
@@ -770,17 +849,20 @@ class RemoteTier:
             self._coalescers.clear()
 
 
-def _prepare_driver(url: str) -> None:
-    """Import the remote's database driver (psycopg: ~40 ms of CPU) on a daemon thread, off
-    the first lookup's path, as torch's ``remote_cache.py`` imports ``redis`` when it is
-    imported. Opening the remote (:meth:`RemoteTier._connect`) imports it anyway; a URL that
-    cannot be parsed is reported there."""
+def _prepare_driver(url: str, reader: tier_read.DriverReader | None) -> None:
+    """Import the remote's database driver (psycopg: ~40 ms of CPU) and compile the driver
+    reader's lookups (:meth:`~cachedb.fleet.tier_read.DriverReader.prepare`, ~5 ms each) on a
+    daemon thread, off the first lookup's path, as torch's ``remote_cache.py`` imports
+    ``redis`` when it is imported. Opening the remote (:meth:`RemoteTier._connect`) imports it
+    anyway; a URL that cannot be parsed is reported there."""
 
     def load() -> None:
         try:
             from sqlalchemy.engine import make_url
 
             make_url(url).get_dialect().import_dbapi()
+            if reader is not None:
+                reader.prepare()
         except Exception as exc:  # noqa: BLE001 - _connect raises and reports it
             log.debug("cachedb: remote driver for %s not imported ahead: %s", _redacted(url), exc)
 

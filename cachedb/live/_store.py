@@ -31,6 +31,7 @@ from ..fingerprint import current as current_fingerprint
 from ..keys import split_inputs_key
 from ..keys.factors import Factor, parse_debug_lines
 from ..store.filesystems import network_filesystem
+from ..store import prebuilt
 from ..store.payload import pack
 from ..store.tables import GUARDED_KINDS, utcnow
 from ..repositories import best_configs as best_configs_repo
@@ -180,6 +181,7 @@ class LiveStore:
                     self.warn_once("opening the database", exc)
                     raise _Unavailable() from exc
                 self._sweep(self._db)
+                _compile_ahead(self._db)
                 reason = None if self.trust or self._db.path is None else untrusted_reason(self._db.path)
                 if reason is not None:
                     self.pickles_refused = reason
@@ -1214,3 +1216,31 @@ class LazyOpTimings(_LazyDict):
     def mark_written(self) -> None:
         """After a write: what is in memory now is what the database holds for these keys."""
         self._served = {k: copy.deepcopy(v) for k, v in dict.items(self)}
+
+
+def _compile_ahead(db: CacheDB) -> None:
+    """Compile the lookups' prebuilt statements for ``db``'s dialect
+    (:func:`cachedb.store.prebuilt.compiled_for`: 1-3 ms of CPU each, once per process), read
+    the schema on the kept connection (SQLite parses it on a connection's first statement) and
+    open the pool's connection for writes (its set-up pragmas and schema: ~2 ms) on a daemon
+    thread as the database opens (``install()`` opens it), off the first lookup's path: the
+    FX graph / AOTAutograd reads, a best config's, and the write of an entry a remote lookup
+    brought. A lookup that comes first compiles or opens what it needs itself."""
+    dialect = db.engine.dialect
+    if dialect.server_version_info is None:  # not connected yet: its statements' key is not known
+        return
+    statements = (guarded_repo.FIRST_VARIANT, guarded_repo.LATER_VARIANTS, guarded_repo.VARIANTS,
+                  best_configs_repo.GET_BY_KEY)
+
+    def compile_all() -> None:
+        try:
+            for stmt in statements:
+                prebuilt.compiled_for(stmt, dialect)
+            if db.path is not None:  # SQLite reads its schema on a connection's first statement
+                db.kept.fetch(guarded_repo.FIRST_VARIANT, {"kind": "", "key": ""})
+                with db.engine.connect() as conn:  # back to the pool, open, its schema read
+                    conn.exec_driver_sql("SELECT 1 FROM guarded_entries LIMIT 0")
+        except Exception as exc:  # noqa: BLE001 - the lookup compiles it again and reports
+            log.debug("cachedb: statements not compiled ahead: %s", exc)
+
+    threading.Thread(target=compile_all, name="cachedb-statements", daemon=True).start()

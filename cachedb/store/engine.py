@@ -218,6 +218,29 @@ def begin_immediate(dbapi_conn: sqlite3.Connection, busy_timeout_s: float) -> No
         dbapi_conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
 
 
+def postgres_connect_args(url: URL, network_timeout_s: float, *, statement_timeout: bool = True) -> dict[str, Any]:
+    """The driver's connect arguments of a connection to the server database ``url`` whose
+    connects and (with ``statement_timeout``) statements give up after ``network_timeout_s``
+    seconds: libpq's ``connect_timeout`` (whole seconds, at least 1), PostgreSQL's
+    ``statement_timeout`` as a startup ``options`` parameter (added to the URL's own
+    ``options``), ``application_name=cachedb`` unless the URL names one, and, for psycopg,
+    statements never prepared on the server (``prepare_threshold=None``). What
+    :func:`create_cachedb_engine` gives the engine's connections and
+    :class:`cachedb.fleet.tier_read.DriverReader` its own."""
+    connect_args: dict[str, Any] = {"connect_timeout": max(1, math.ceil(network_timeout_s))}
+    if "application_name" not in url.query:  # cachedb's connections, in pg_stat_activity
+        connect_args["application_name"] = "cachedb"
+    if statement_timeout:
+        options = url.query.get("options")
+        if isinstance(options, tuple):
+            options = " ".join(options)
+        statement_ms = max(1, int(network_timeout_s * 1000))
+        connect_args["options"] = " ".join(filter(None, [options, f"-c statement_timeout={statement_ms}"]))
+    if url.get_driver_name() == "psycopg":
+        connect_args["prepare_threshold"] = None
+    return connect_args
+
+
 def create_cachedb_engine(
     url: URL, *, busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S, network_timeout_s: float | None = None,
     statement_timeout: bool = True,
@@ -250,16 +273,7 @@ def create_cachedb_engine(
         if path is None:  # in-memory: one connection, or every session sees an empty database
             kwargs["poolclass"] = StaticPool
     elif network_timeout_s is not None and backend == "postgresql":
-        connect_args: dict[str, Any] = {"connect_timeout": max(1, math.ceil(network_timeout_s))}
-        if "application_name" not in url.query:  # cachedb's connections, in pg_stat_activity
-            connect_args["application_name"] = "cachedb"
-        if statement_timeout:
-            options = url.query.get("options")
-            if isinstance(options, tuple):
-                options = " ".join(options)
-            statement_ms = max(1, int(network_timeout_s * 1000))
-            connect_args["options"] = " ".join(filter(None, [options, f"-c statement_timeout={statement_ms}"]))
-        kwargs["connect_args"] = connect_args
+        kwargs["connect_args"] = postgres_connect_args(url, network_timeout_s, statement_timeout=statement_timeout)
         kwargs.update(pool_size=1, max_overflow=4, pool_timeout=network_timeout_s)
     else:
         kwargs["pool_pre_ping"] = True
