@@ -40,10 +40,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, Select, insert, select, update
+from sqlalchemy import Connection, Select, bindparam, insert, select, update
 
 from ..keys.factors import Factor
 from ..repositories.factors import KeyFactorRepository, id_list
+from ..store import prebuilt
 from ..store.bulk import bulk_insert
 from ..store.bulk import utc as _utc
 from .._errors import CorruptPayloadError
@@ -305,11 +306,31 @@ def fetch_blobs(conn: Connection, sha256s: Iterable[str]) -> dict[str, dict[str,
 # -- writing -----------------------------------------------------------------------------------
 
 
+#: Prebuilt statements of the writes of one lookup's rows (one fingerprint, one key: what a
+#: remote lookup brings into a machine's file), compiled once per process and dialect
+#: (:mod:`cachedb.store.prebuilt`, and ahead of the first lookup by the live store) instead of
+#: once per engine as SQLAlchemy's ``IN`` statements are.
+FINGERPRINT_ID = select(_F.c.id).where(_F.c.fingerprint_key == bindparam("key"))
+NATURAL_KEYS_OF_KEY = {
+    table: select(*(_T[table].c[c] for c in NATURAL_KEY_COLUMNS[table])).where(_T[table].c.key == bindparam("key"))
+    for table in ("guarded_entries", "kernel_artifacts")
+}
+#: Every prebuilt statement of this module.
+PREBUILT = (FINGERPRINT_ID, *NATURAL_KEYS_OF_KEY.values())
+
+
 def _fingerprint_ids(conn: Connection, rows: Sequence[dict[str, Any]]) -> dict[str, int]:
     """DST ids of the fingerprints the rows carry, inserting those DST lacks."""
     fps = {r["fp"]["fingerprint_key"]: r["fp"] for r in rows if r.get("fp") is not None}
     if not fps:
         return {}
+    if len(fps) == 1:  # one lookup's rows: a prebuilt point read
+        ((key, fp),) = fps.items()
+        found = prebuilt.fetch(conn, FINGERPRINT_ID, {"key": key})
+        if not found:
+            bulk_insert(conn, _F, [fp])
+            found = prebuilt.fetch(conn, FINGERPRINT_ID, {"key": key})
+        return {key: int(found[0][0])}
     stmt = select(_F.c.fingerprint_key, _F.c.id).where(_F.c.fingerprint_key.in_(sorted(fps)))
     ids = {k: int(i) for k, i in conn.execute(stmt)}
     new = [fp for k, fp in fps.items() if k not in ids]
@@ -430,6 +451,10 @@ def _insert_new(conn: Connection, entry: Entry, table: str, rows: list[dict[str,
     key_cols = [t.c[c] for c in NATURAL_KEY_COLUMNS[table]]
     values = sorted({r["key"] for r in rows})
     have: set[tuple[Any, ...]] = set()
+    if len(values) == 1 and table in NATURAL_KEYS_OF_KEY:  # one lookup's rows: a prebuilt read
+        for found in prebuilt.fetch(conn, NATURAL_KEYS_OF_KEY[table], {"key": values[0]}):
+            have.add(tuple(_utc(v) for v in found))
+        values = []
     for start in range(0, len(values), 500):
         for found in conn.execute(select(*key_cols).where(t.c.key.in_(values[start:start + 500]))):
             have.add(tuple(_utc(v) for v in found))

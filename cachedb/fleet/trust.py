@@ -38,7 +38,8 @@ from sqlalchemy import Connection, and_, bindparam, delete, insert, select, upda
 
 from .. import settings
 from .._errors import CacheDBError, CorruptPayloadError
-from ..store.bulk import utc
+from ..store import prebuilt
+from ..store.bulk import bulk_insert, utc
 from ..store.payload import unpack
 from ..store.signing import SigningKey, TrustedKeys
 from ..store.tables import AUTOTUNE_TIMINGS, metadata, row_origins, utcnow
@@ -259,6 +260,11 @@ def screen(bundle: Bundle, policy: TrustPolicy) -> Screened:
     return result
 
 
+#: The origin recorded for one row (:func:`record_origins` of one lookup's rows).
+DELETE_ORIGIN = delete(row_origins).where(row_origins.c.table_name == bindparam("t"),
+                                          row_origins.c.row_key == bindparam("k"))
+
+
 def record_origins(conn: Connection, table: str, rows: Sequence[dict[str, Any]], origins: Sequence[str]) -> None:
     """Record in the local file (inside the caller's transaction) where ``rows`` came from,
     replacing what was recorded for the same rows."""
@@ -266,12 +272,16 @@ def record_origins(conn: Connection, table: str, rows: Sequence[dict[str, Any]],
         return
     keys = [row_key(table, r) for r in rows]
     o = row_origins.c
-    for start in range(0, len(keys), 500):
-        conn.execute(delete(row_origins).where(o.table_name == table, o.row_key.in_(keys[start:start + 500])))
+    if len(keys) <= 4:  # one lookup's rows: prebuilt statements (compiled once per process)
+        for k in keys:
+            prebuilt.execute(conn, DELETE_ORIGIN, {"t": table, "k": k})
+    else:
+        for start in range(0, len(keys), 500):
+            conn.execute(delete(row_origins).where(o.table_name == table, o.row_key.in_(keys[start:start + 500])))
     now = utcnow()
     by_key = dict(zip(keys, origins))
-    conn.execute(insert(row_origins), [{"table_name": table, "row_key": k, "origin": v, "recorded_at": now}
-                                       for k, v in by_key.items()])
+    bulk_insert(conn, row_origins, [{"table_name": table, "row_key": k, "origin": v, "recorded_at": now}
+                                    for k, v in by_key.items()])
 
 
 def record_origin_keys(conn: Connection, origins: Sequence[tuple[str, str, str]]) -> None:

@@ -1225,12 +1225,13 @@ def _compile_ahead(db: CacheDB) -> None:
     open the pool's connection for writes (its set-up pragmas and schema: ~2 ms) on a daemon
     thread as the database opens (``install()`` opens it), off the first lookup's path: the
     FX graph / AOTAutograd reads, a best config's, and the write of an entry a remote lookup
-    brought. A lookup that comes first compiles or opens what it needs itself."""
+    brought (:data:`cachedb.fleet.tier_sync.PREBUILT`). A lookup that comes first compiles or
+    opens what it needs itself."""
     dialect = db.engine.dialect
     if dialect.server_version_info is None:  # not connected yet: its statements' key is not known
         return
     statements = (guarded_repo.FIRST_VARIANT, guarded_repo.LATER_VARIANTS, guarded_repo.VARIANTS,
-                  best_configs_repo.GET_BY_KEY)
+                  best_configs_repo.GET_BY_KEY, *sync.PREBUILT, _trust.DELETE_ORIGIN)
 
     def compile_all() -> None:
         try:
