@@ -21,7 +21,7 @@ import click
 import pytest
 
 from cachedb import CacheDB
-from cachedb.cli import _common
+from cachedb.cli import _common, _output
 from cachedb.cli._common import AgeType, DurationType, SizeType
 from cachedb.fleet.copy import copy_database, merge_databases
 from cachedb.store import migrate
@@ -210,7 +210,7 @@ def test_a_big_prune_needs_yes_when_not_on_a_terminal(db: Path) -> None:
 
 
 def test_a_big_prune_asks_on_a_terminal(db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_common, "stdin_is_terminal", lambda: True)
+    monkeypatch.setattr(_output, "stdin_is_terminal", lambda: True)  # what confirm() asks
     before = S.table_digests(str(db))
     entries, files = held(db)
     result = run("--db", str(db), "prune", "--max-bytes", "0", input="n\n")

@@ -478,7 +478,7 @@ def misses(obj: _Context, limit: int, kind: str | None, remote: str | None, fmt:
     of torch's key that differ (stored -> wanted).
 
     A live process records each FX graph and AOTAutograd lookup that misses (no entry,
-    guards failed, or an FX graph bypass), the newest CACHEDB_MISS_LOG (1000) per database.
+    guards failed, or a bypass), the newest CACHEDB_MISS_LOG (1000) per database.
     --format json gives per miss: kind, key, outcome, nearest (a key or null) and differs (a
     list of {factor, stored, wanted}); a guards_failed miss also gives guards, the stored
     guard expressions that failed. With --remote the nearest entry is one of the shared

@@ -221,7 +221,7 @@ def test_l1_cli_bad_db_url_is_one_error_line(url: str, raises: type, request) ->
     pytest.param(["query", "[/]"], id="markup-in-an-error-message"),
     pytest.param(None, id="markup-in-a-path-in-an-error-message"),
 ])
-@bug(MarkupError, "L2 cachedb/cli/_common.py emit (table cells and headers) and _Group.invoke (err.print(..., markup=True) "
+@bug(MarkupError, "L2 cachedb/cli/_output.py emit (table cells and headers) and cachedb/cli/_common.py _Group.invoke (err.print(..., markup=True) "
      "of the error message): text containing '[/...]' (a value, a column name, an SQL error quoting the SQL, a "
      "path) is parsed as rich markup: rich.errors.MarkupError and a traceback")
 def test_l2_cli_prints_text_literally(args: list[str] | None, tmp_path: Path) -> None:
