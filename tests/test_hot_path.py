@@ -309,10 +309,10 @@ def test_hot_write_waits_for_the_lock_and_fails_clean(tmp_path: Path, monkeypatc
     still locked out past the busy timeout raises HotWriteError and stores nothing; the live
     store then logs and carries on (the put is dropped, the next put works once the breaker's
     pause, 0 here, is over)."""
-    from cachedb.live import _store
+    from cachedb.live import _store_base
     from cachedb.store.engine import HotWriteError
 
-    monkeypatch.setattr(_store, "LOCKED_RETRY_S", 0.0)
+    monkeypatch.setattr(_store_base, "LOCKED_RETRY_S", 0.0)
     path = tmp_path / "w.db"
     # 1 s of busy timeout against a 50 ms hold: a late timer thread still commits in time
     store = LiveStore(str(path), timeout_s=1.0)

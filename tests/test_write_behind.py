@@ -226,9 +226,9 @@ def test_a_failing_write_is_warned_once_and_never_raises(
     store's timeout) warn once and lose only those entries: the puts never raise in the caller,
     and the entries written before stay. (The breaker's pause is 0 here, so that every write
     tries the lock: one warning all the same.)"""
-    from cachedb.live import _store
+    from cachedb.live import _store_base
 
-    monkeypatch.setattr(_store, "LOCKED_RETRY_S", 0.0)
+    monkeypatch.setattr(_store_base, "LOCKED_RETRY_S", 0.0)
     path = tmp_path / "c.db"
     store = LiveStore(str(path), timeout_s=0.2)
     store.guarded_put("fxgraph", _key(0), _entry(0))
