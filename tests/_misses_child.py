@@ -76,6 +76,8 @@ step("torch_key", f, torch.randn(64), patch=lambda: mock.patch.object(codecache,
 other_system = {"device": {"name": "NVIDIA H200"}, "version": {"triton": "3.6.0", "cuda": "13.0"}, "hash": "h200"}
 step("system", f, torch.randn(64),
      patch=lambda: mock.patch.object(codecache.CacheBase, "get_system", staticmethod(lambda: other_system)))
+# torch will not cache a graph compiled with freezing on: its AOTAutograd cache bypasses it
+step("aot_bypass", f, torch.randn(64), patch=lambda: torch._inductor.config.patch(freezing=True))
 active_store().flush_hits()
 if active_store().remote is not None:
     assert active_store().remote.flush(60)

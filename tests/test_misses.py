@@ -154,6 +154,15 @@ def test_an_aotautograd_guard_miss(run) -> None:
     assert (miss["outcome"], miss["nearest"]) == ("guards_failed", miss["key"])
 
 
+def test_an_aotautograd_bypass_is_recorded_with_its_reason(run) -> None:
+    """torch's AOTAutograd cache bypasses a graph compiled with freezing on (``try_load``
+    catches ``BypassAOTAutogradCache``): a ``bypass`` without a key, torch's words its reason."""
+    report, _ = run
+    miss = _aot(report, "aot_bypass")
+    assert miss["outcome"] == "bypass" and miss["key"] == "" and miss["nearest"] is None
+    assert "freezing" in miss["reason"]
+
+
 def test_torch_key_named(run) -> None:
     """Another torch build (``torch_key``, the digest of torch's sources): that factor alone."""
     miss = _only(run[0], "torch_key")
@@ -209,9 +218,10 @@ def test_factors_stored_compactly_and_cleared_with_their_entries(run, tmp_path: 
             dtypes = set(conn.execute(text(
                 "SELECT f.value FROM entry_factors e, json_each(e.factor_ids) j JOIN key_factors f ON f.id = j.value "
                 "WHERE e.kind = 'fxgraph' AND f.factor = 'example_inputs[0]'")).scalars())
-        # one per key compiled (the guard step's second variant shares its key's); ~600 factors
-        # a key, nearly all shared, by the AOTAutograd keys too (the same Inductor config)
-        assert entries == {"fxgraph": 9, "aotautograd": 10} and shared < 2 * 600
+        # one per key compiled (the guard step's second variant shares its key's; the freezing
+        # step's graph has FX graph factors, its AOTAutograd bypass none); ~600 factors a key,
+        # nearly all shared, by the AOTAutograd keys too (the same Inductor config)
+        assert entries == {"fxgraph": 10, "aotautograd": 10} and shared < 2 * 600
         assert {"float32[64]", "float64[64]", "float32[32]"} <= dtypes
         with db.transaction() as repos:
             repos.guarded.clear("fxgraph")
@@ -270,7 +280,7 @@ def test_misses_against_the_shared_tier(run, module_pg_url: str, tmp_path: Path)
             counts = dict(conn.execute(text("SELECT kind, count(*) FROM entry_factors GROUP BY kind")).all())
     finally:
         remote.close()
-    assert counts == {"fxgraph": 9, "aotautograd": 10}
+    assert counts == {"fxgraph": 10, "aotautograd": 10}
 
 
 def test_misses_remote_that_is_no_database(run, tmp_path: Path) -> None:
@@ -294,9 +304,9 @@ def test_copy_and_merge_carry_factors(run, pg_url: str, tmp_path: Path) -> None:
     """SQLite -> PostgreSQL -> SQLite keeps every entry's factors; a merge into a database
     whose ids differ remaps them, keeps its own, and adds nothing the second time."""
     want = _all_factors(str(run[1]))
-    assert len(want) == 19
+    assert len(want) == 20
     report = copy_database(run[1], pg_url)
-    assert report.tables["entry_factors"].added == 19 and report.tables["key_factors"].added > 600
+    assert report.tables["entry_factors"].added == 20 and report.tables["key_factors"].added > 600
     assert _all_factors(pg_url) == want
     back = tmp_path / "back.db"
     copy_database(pg_url, back)
@@ -307,7 +317,7 @@ def test_copy_and_merge_carry_factors(run, pg_url: str, tmp_path: Path) -> None:
         repos.guarded.put("fxgraph", "fown", b"\x80\x04N.", guards_expr=None)
         repos.key_factors.put("fxgraph", "fown", [Factor("gm", "hown", "own code")])
     merged = merge_databases([run[1]], other)
-    assert merged.tables["entry_factors"].added == 19
+    assert merged.tables["entry_factors"].added == 20
     assert _all_factors(str(other)) == {**want, ("fxgraph", "fown"): {"gm": ("hown", "own code")}}
     again = merge_databases([run[1]], other)
     assert (again.tables["entry_factors"].added, again.tables["key_factors"].added) == (0, 0)

@@ -24,8 +24,11 @@ with these parameters: torch 2.13):
 - ``AOTAutogradCache._lookup``: ``None`` (no entry, or none whose guards held) is a miss,
   recorded with those factors, which are then held for the entry torch compiles next.
 
-An AOTAutograd bypass (``BypassAOTAutogradCache``, caught inside ``try_load``) is not
-recorded.
+- ``AOTAutogradCache.try_load`` and ``autograd_cache.autograd_cache_key``: the key that
+  ``try_load`` asks for fails when torch will not cache the graph (``BypassAOTAutogradCache``:
+  freezing, an unsupported node, the FX graph cache off, ...), which ``try_load`` catches as a
+  bypass; such a failure inside ``try_load`` is recorded as a ``bypass`` without a key, with the
+  exception's words as its reason, and raised on unchanged.
 
 Torch's functions run first and their results are returned unchanged; whatever fails here is
 one warning (:meth:`LiveStore.warn_once`) and never the compile's failure.
@@ -36,6 +39,7 @@ from __future__ import annotations
 import logging
 import pickle
 import re
+import threading
 import types
 from typing import TYPE_CHECKING, Any
 
@@ -54,6 +58,15 @@ LOAD_WITH_KEY_PARAMETERS = ("key", "debug_lines", "example_inputs", "local", "re
 AOT_DEBUG_LINES_PARAMETERS = ("pickler", "details", "key")
 #: ``AOTAutogradCache._lookup``'s parameters (torch 2.13).
 AOT_LOOKUP_PARAMETERS = ("key", "local", "remote", "args", "cache_info", "aot_config")
+
+#: ``AOTAutogradCache.try_load``'s parameters (torch 2.13).
+AOT_TRY_LOAD_PARAMETERS = ("mod", "args", "aot_config", "compiler_config_extra", "local", "remote",
+                           "compile_region_name")
+#: ``autograd_cache.autograd_cache_key``'s parameters (torch 2.13).
+AOT_CACHE_KEY_PARAMETERS = ("mod", "example_inputs", "config", "compiler_config_extra")
+
+#: Per thread: how many ``try_load`` calls are running (a key that fails inside one is a bypass).
+_loading = threading.local()
 
 #: The debug line of ``AOTAutogradCacheDetails.autograd_config`` (functorch's config, one pickle).
 _AUTOGRAD_CONFIG = re.compile(r"\[[a-z0-9]+\] autograd_config: ")
@@ -161,3 +174,36 @@ def wrap_aot_lookup(store: LiveStore, original: Any) -> Any:
         return result
 
     return _lookup
+
+
+def wrap_aot_try_load(original: Any) -> Any:
+    """``AOTAutogradCache.try_load`` that marks its thread as loading while it runs (for
+    :func:`wrap_aot_cache_key`) and returns torch's result unchanged."""
+    def try_load(*args: Any, **kwargs: Any) -> Any:
+        _loading.depth = getattr(_loading, "depth", 0) + 1
+        try:
+            return original(*args, **kwargs)
+        finally:
+            _loading.depth -= 1
+
+    return try_load
+
+
+def wrap_aot_cache_key(store: LiveStore, original: Any) -> Any:
+    """``autograd_cache.autograd_cache_key`` that records, when it fails inside ``try_load``
+    (torch bypasses its cache then), a ``bypass`` in the serving store's miss log with the
+    exception's words as the reason; the exception is raised on unchanged."""
+    def autograd_cache_key(mod: Any, example_inputs: Any, config: Any, compiler_config_extra: Any = None) -> Any:
+        try:
+            return original(mod, example_inputs, config, compiler_config_extra)
+        except Exception as bypass:
+            if getattr(_loading, "depth", 0):
+                try:
+                    served = route(store)
+                    if served is not None:
+                        served.record_miss("aotautograd", "", "bypass", [], reason=str(bypass))
+                except Exception as exc:  # noqa: BLE001 - never the compile's failure
+                    store.warn_once("miss record", exc)
+            raise
+
+    return autograd_cache_key

@@ -10,8 +10,9 @@ seam (torch 2.9 to 2.15 unless said)                   served from
 ``FxGraphCache.prepare_key``, ``load_with_key``         ``entry_factors``, ``cache_misses``
                                                         (:mod:`cachedb.live._misses`)
 ``autograd_cache._get_debug_lines_for_cache_key``,      ``entry_factors``, ``cache_misses``
-``AOTAutogradCache._lookup`` (torch 2.13; left out      (kind ``aotautograd``)
-where torch lacks them)
+``AOTAutogradCache._lookup``; ``try_load`` and          (kind ``aotautograd``; a bypass
+``autograd_cache_key`` (torch 2.13; left out where      without a key)
+torch lacks them)
 ``FxGraphCache.clear``, ``AOTAutogradCache.clear``      torch's own, then the kind's rows of the
                                                         database that serves (never a remote)
 ``BundledOutputCodeLoadable.pre_save`` (torch >= 2.11,  ``guarded_entries``: a bundled entry whose
@@ -309,18 +310,29 @@ def _miss_seams(store: LiveStore, cls: type) -> list[_Patch]:
 
 def _aot_miss_seams(store: LiveStore, module: Any, cls: type) -> list[_Patch]:
     """``autograd_cache._get_debug_lines_for_cache_key`` and ``AOTAutogradCache._lookup``: the
-    AOTAutograd key factors and misses (:mod:`cachedb.live._misses`). Left out where torch
-    lacks them or has them with other parameters: no AOTAutograd factors nor misses are
-    recorded then, and everything else is served as before."""
+    AOTAutograd key factors and misses; ``AOTAutogradCache.try_load`` and
+    ``autograd_cache.autograd_cache_key``: its bypasses (:mod:`cachedb.live._misses`). Each pair
+    is left out where torch lacks it or has it with other parameters: nothing of it is recorded
+    then, and everything else is served as before."""
     try:
         lines = _function(module, "_get_debug_lines_for_cache_key", _misses.AOT_DEBUG_LINES_PARAMETERS)
         lookup = _function(cls, "_lookup", _misses.AOT_LOOKUP_PARAMETERS)
     except SeamMissingError as exc:
         log.debug("cachedb: AOTAutograd misses not recorded: %s", exc)
         return []
-    return [
+    patches = [
         _Patch(module, "_get_debug_lines_for_cache_key", _misses.wrap_aot_debug_lines(store, lines)),
         _Patch(cls, "_lookup", staticmethod(_misses.wrap_aot_lookup(store, lookup))),
+    ]
+    try:  # bypasses: where torch has both with these parameters
+        try_load = _function(cls, "try_load", _misses.AOT_TRY_LOAD_PARAMETERS)
+        cache_key = _function(module, "autograd_cache_key", _misses.AOT_CACHE_KEY_PARAMETERS)
+    except SeamMissingError as exc:
+        log.debug("cachedb: AOTAutograd bypasses not recorded: %s", exc)
+        return patches
+    return patches + [
+        _Patch(cls, "try_load", staticmethod(_misses.wrap_aot_try_load(try_load))),
+        _Patch(module, "autograd_cache_key", _misses.wrap_aot_cache_key(store, cache_key)),
     ]
 
 
