@@ -25,7 +25,8 @@ Reported per herd: the share of lookups served from the remote, the clients that
 their local cache (a remote failure: ``RemoteTier.counts["failures"]``), p50 and p99 lookup
 latency (from the barrier: each lookup's own time, the connect of a first lookup included),
 the peak of the server's connections (direct: the most client connections open at once, each
-from its pool's ``connect`` to its ``close`` event, the server's backends; through PgBouncer: the
+psycopg connection from its ``connect`` to its ``close``, the engine's and the driver reader's
+(:mod:`cachedb.fleet.tier_read`), the server's backends; through PgBouncer: the
 server connections PgBouncer holds to the herd's database after it, ``pg_stat_activity``, which
 it keeps open for ``server_idle_timeout``), remote lookups per entry per
 machine (``counts["pull"]`` summed over a machine's ranks), remote writes per written entry per
