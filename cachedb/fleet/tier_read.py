@@ -102,9 +102,8 @@ class DriverReader:
         self.timeout_s = timeout_s
         self.statement_timeout = statement_timeout
         self.closed = False
-        #: connections opened, statements run (the revision check included)
+        #: connections opened
         self.connections = 0
-        self.statements = 0
         self._lock = threading.Lock()
         self._conn: Any = None
         self._dialect: Any = None
@@ -165,7 +164,6 @@ class DriverReader:
         self.connections += 1
         try:
             row = conn.execute("SELECT version_num FROM alembic_version").fetchone()
-            self.statements += 1
         except psycopg.errors.UndefinedTable:  # an empty database: the engine creates its schema
             conn.close()
             raise StaleSchema("no schema") from None
@@ -218,7 +216,6 @@ class DriverReader:
                 cursor = self._conn.execute(sql, params)
                 names = [d.name for d in cursor.description or ()]
                 rows = cursor.fetchall()
-                self.statements += 1
             except BaseException:
                 self._drop()
                 raise

@@ -339,10 +339,7 @@ class RemoteTier:
                         log.debug("cachedb: remote %s refused startup options: opening without them", self.where)
                         self._statement_timeout = False
                         continue
-                    delay = next(delays, None) if transient(exc) else None
-                    if delay is not None:
-                        self.counts["retries"] += 1
-                        time.sleep(delay)
+                    if self._waited(exc, delays):
                         continue
                     self._read_down_until = self._write_down_until = time.monotonic() + RETRY_AFTER_S
                     self._warn_once("opening", exc, seconds=RETRY_AFTER_S)
@@ -352,7 +349,7 @@ class RemoteTier:
         """``fn(remote)`` inside a connection lease, run again after a transient failure (a
         dropped connection, a restart) until ``deadline``; raises :class:`_Down` or the last
         error."""
-        delays: Iterator[float] | None = None
+        delays = backoff(deadline)
         while True:
             db = self._open(deadline, for_write=for_write)
             closer = self._closer
@@ -363,15 +360,18 @@ class RemoteTier:
             except IntegrityError:
                 raise
             except Exception as exc:
-                if not transient(exc):
+                if not self._waited(exc, delays):
                     raise
-                if delays is None:
-                    delays = backoff(deadline)
-                delay = next(delays, None)
-                if delay is None:
-                    raise
-                self.counts["retries"] += 1
-                time.sleep(delay)
+
+    def _waited(self, exc: BaseException, delays: Iterator[float]) -> bool:
+        """Whether ``exc`` is a refusal that passes (:func:`transient`) and ``delays`` (a
+        :func:`backoff`) had time left to wait it out: then it has slept (a retry counted)."""
+        delay = next(delays, None) if transient(exc) else None
+        if delay is None:
+            return False
+        self.counts["retries"] += 1
+        time.sleep(delay)
+        return True
 
     def _count_connection(self, *args: Any) -> None:
         self.counts["connections"] += 1
@@ -489,7 +489,7 @@ class RemoteTier:
         if self._reader_closer is None:
             self._reader_closer = IdleCloser(reader, self.idle_s)
         closer = self._reader_closer
-        delays: Iterator[float] | None = None
+        delays = backoff(deadline)
         while True:
             before = reader.connections
             try:
@@ -502,26 +502,14 @@ class RemoteTier:
                 if reader.statement_timeout and options_refused(exc):
                     reader.statement_timeout = self._statement_timeout = False
                     continue
-                if delays is None:
-                    delays = backoff(deadline)
-                delay = next(delays, None) if transient(exc) else None
-                if delay is not None:
-                    self.counts["retries"] += 1
-                    time.sleep(delay)
+                if self._waited(exc, delays):
                     continue
                 self._read_down_until = self._write_down_until = time.monotonic() + RETRY_AFTER_S
                 self._warn_once("opening", exc, seconds=RETRY_AFTER_S)
                 raise _Down() from exc
             except Exception as exc:
-                if not transient(exc):
+                if not self._waited(exc, delays):
                     raise
-                if delays is None:
-                    delays = backoff(deadline)
-                delay = next(delays, None)
-                if delay is None:
-                    raise
-                self.counts["retries"] += 1
-                time.sleep(delay)
                 continue
             finally:
                 self.counts["connections"] += reader.connections - before
