@@ -1,4 +1,4 @@
-"""``python -m benchmarks [--quick] [--only NAME,...] [--device cpu|cuda] [--nproc N] [--out DIR] [--merge] [--keep-scratch]``.
+"""``python -m benchmarks [--quick] [--only NAME,...] [--jobs N] [--device cpu|cuda] [--nproc N] [--out DIR] [--merge] [--keep-scratch]``.
 
 Runs the selected sections in one process (warm starts and concurrency use subprocesses),
 prints the Markdown table of ratios and writes it with the JSON document to ``--out``
@@ -6,14 +6,19 @@ prints the Markdown table of ratios and writes it with the JSON document to ``--
 ``gpu.json`` for a run with ``--device cuda``, ``cpu-<sections>.md`` / ``.json`` for a CPU
 run of some sections (``-quick`` added for ``--quick``); ``--name`` chooses another stem, and
 ``--merge`` adds the run's sections to those files instead of replacing them. ``--nproc N``
-runs §13's DDP workload on N GPUs.
+runs §13's DDP workload on N GPUs. A quick run (a smoke test: each section at its smallest
+size, checking that it runs and writes its rows) runs its sections in ``--jobs`` lanes at once
+(default 2; :data:`QUICK_LANES`), each lane a ``python -m benchmarks`` process; a full run
+runs one section at a time, so that no section's figures share the machine with another's.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -45,6 +50,7 @@ from ._context import Context  # noqa: E402
 from ._report import (  # noqa: E402
     SectionResult,
     cachedb_source_digest,
+    load_sections,
     machine_info,
     merged,
     now_iso,
@@ -63,6 +69,16 @@ SECTIONS: dict[str, object] = {
 ORDER = ["warm_start", "timings", "best_configs", "guarded", "import", "concurrency", "disk", "fleet", "startup",
          "pgo", "herd", "singleflight", "gpt2", "ddp"]
 
+#: The lanes of a quick run with ``--jobs`` > 1, each run in order by its own process: a
+#: section that reads what another leaves in ``Context.shared`` is in that one's lane (§4 and
+#: §7 read §1's cold cache dir, §7 §5's generated dir), and the lanes take about as long.
+#: (§10 reads §1's samples where it runs the same workloads, on the GPU; in another lane it
+#: measures its own baseline.)
+QUICK_LANES = [
+    ["warm_start", "timings", "best_configs", "guarded", "import", "concurrency", "disk", "gpt2"],
+    ["fleet", "startup", "pgo", "herd", "singleflight", "ddp"],
+]
+
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 
 
@@ -75,7 +91,9 @@ def _loadavg() -> float | None:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="smaller sizes, fewer repetitions (CI smoke test)")
+    parser.add_argument("--quick", action="store_true", help="smallest sizes, one repetition (CI smoke test)")
+    parser.add_argument("--jobs", type=int, default=None, metavar="N",
+                        help="a quick run's sections in up to N lanes at once (default 2; full runs: 1)")
     parser.add_argument("--only", default="", help=f"comma-separated sections: {','.join(ORDER)}")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results directory (default: %(default)s)")
     parser.add_argument("--name", default=None,
@@ -93,6 +111,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.nproc < 0:
         parser.error("--nproc must be >= 0")
+    if args.jobs is not None and args.jobs < 1:
+        parser.error("--jobs must be >= 1")
     return args
 
 
@@ -147,6 +167,41 @@ def _installed_bytecode() -> str:
     return f"compiled under PYTHONPYCACHEPREFIX={prefix} in {time.perf_counter() - t0:.0f} s (torch had none)"
 
 
+def _fold(lanes: list[list[str]], jobs: int) -> list[list[str]]:
+    """``lanes`` joined into ``jobs`` lanes, each keeping its sections' order."""
+    out: list[list[str]] = [[] for _ in range(jobs)]
+    for i, lane in enumerate(lanes):
+        out[i % jobs] += lane
+    return out
+
+
+def _run_lanes(args: argparse.Namespace, lanes: list[list[str]], scratch: Path, ctx: Context) -> dict[str, SectionResult]:
+    """Each lane's sections run in order by a ``python -m benchmarks --jobs 1`` process of its
+    own, the lanes at once; their sections, read back from each lane's JSON document. A lane
+    that wrote none gives each of its sections the error."""
+    procs = []
+    for i, lane in enumerate(lanes):
+        out = scratch / f"lane-{i}"
+        cmd = [sys.executable, "-m", "benchmarks", "--jobs", "1", "--only", ",".join(lane), "--out", str(out),
+               "--name", "lane", "--scratch", str(scratch), "--device", args.device, "--nproc", str(args.nproc)]
+        cmd += ["--quick"] if args.quick else []
+        cmd += ["--quiet"] if args.quiet else []
+        ctx.log(f"lane {i + 1}/{len(lanes)}: {', '.join(lane)}")
+        procs.append((lane, out, subprocess.Popen(cmd, cwd=Path(__file__).resolve().parent.parent,
+                                                  stdout=subprocess.DEVNULL)))
+    results: dict[str, SectionResult] = {}
+    for lane, out, proc in procs:
+        rc = proc.wait()
+        doc = out / "lane.json"
+        if doc.exists():
+            results.update((r.name, r) for r in load_sections(json.loads(doc.read_text())))
+        for name in lane:
+            if name not in results:
+                results[name] = SectionResult(name, SECTIONS[name].TITLE,  # type: ignore[attr-defined]
+                                              error=f"its lane's process exited {rc} without results")
+    return results
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     names = [n.strip() for n in args.only.split(",") if n.strip()] or list(ORDER)
@@ -162,9 +217,14 @@ def main(argv: list[str] | None = None) -> int:
     source_start = cachedb_source_digest()
     results: dict[str, SectionResult] = {}
     t_run = time.perf_counter()
+    jobs = args.jobs if args.jobs is not None else (2 if args.quick else 1)
+    lanes = [kept for kept in ([n for n in lane if n in names] for lane in QUICK_LANES) if kept]
+    lanes = _fold(lanes, min(jobs, len(lanes))) if args.quick and jobs > 1 and len(lanes) > 1 else []
     try:
+        if lanes:
+            results = _run_lanes(args, lanes, scratch, ctx)
         for name, module in SECTIONS.items():
-            if name not in names:
+            if name not in names or name in results:
                 continue
             run: Callable[[Context], SectionResult] = module.run  # type: ignore[attr-defined]
             ctx.log(f"== {name}: {module.TITLE}")  # type: ignore[attr-defined]
@@ -198,6 +258,8 @@ def main(argv: list[str] | None = None) -> int:
         "cachedb_source_changed_during_run": cachedb_source_digest() != source_start,
         "bytecode": bytecode,
         "installed_bytecode": installed_bytecode,
+        # A quick run's lanes (sections run at once, each lane in order): their figures share the machine.
+        "lanes": lanes,
         # Other processes on the machine skew timings: the 1-minute load average at start/end.
         "load_average_1min": {"start": load_start, "end": _loadavg()},
     }

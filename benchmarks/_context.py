@@ -45,6 +45,47 @@ class Context:
         """A new empty directory under the scratch directory."""
         return Path(tempfile.mkdtemp(prefix=prefix, dir=self.scratch))
 
+    def machine(self, prefix: str = "machine") -> Path:
+        """A child process's ``TMPDIR``: the machine-wide state torch keeps outside the cache
+        directory (``default_cache_dir()``: C++ precompiled headers, ~10 s to build on 2 cores).
+        A full run gives a new empty one (a fresh machine); a quick run, which only checks that
+        each section runs and writes its rows, gives every child the same one, so the headers
+        are built once per run."""
+        if not self.quick:
+            return self.tmpdir(prefix)
+        shared = self.scratch / "quick-machine"
+        shared.mkdir(exist_ok=True)
+        return shared
+
+    def cache_dir(self, prefix: str) -> Path:
+        """A new Inductor cache directory (``<new tmpdir>/inductor``) for a child process. In a
+        quick run it already holds torch's vector-ISA probes (:meth:`isa_probes`), which the
+        first compile in an empty cache dir otherwise builds (a C++ test program per ISA, ~6 s
+        of a ~10 s cold child on 2 cores); a full run gives it empty."""
+        root = self.tmpdir(prefix) / "inductor"
+        if self.quick and self.device == "cpu":
+            import shutil
+
+            shutil.copytree(self.isa_probes(), root)
+        return root
+
+    def isa_probes(self) -> Path:
+        """A cache directory holding only torch's vector-ISA probes for this CPU, built once per
+        run by ``cpu_vec_isa.pick_vec_isa()`` in a child process (torch/_inductor/cpu_vec_isa.py,
+        ``VecISA.check_build``: ``<key[1:3]>/<key>.cpp`` and ``.so`` under the cache dir).
+        Raises ``subprocess.CalledProcessError`` when the child fails."""
+        built = self.shared.get("isa_probes")
+        if built is not None:
+            return Path(built)
+        root = self.tmpdir("isa-probes") / "inductor"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("CACHEDB_")}
+        env.update(TORCHINDUCTOR_CACHE_DIR=str(root), TMPDIR=str(self.machine()))
+        subprocess.run([sys.executable, "-c", "from torch._inductor import cpu_vec_isa; cpu_vec_isa.pick_vec_isa()"],
+                       env=env, check=True, capture_output=True, timeout=600)
+        root.mkdir(parents=True, exist_ok=True)
+        self.shared["isa_probes"] = root
+        return root
+
 
 @contextmanager
 def fresh_torch_cache(ctx: Context, prefix: str = "inductor") -> Iterator[Path]:

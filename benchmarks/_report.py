@@ -182,6 +182,10 @@ def markdown(results: list[SectionResult], meta: dict[str, Any]) -> str:
         "ratio = cachedb median / baseline median (for times, < 1 means cachedb is faster).",
         "",
     ]
+    if meta.get("lanes"):
+        lines += ["A quick run: each section at its smallest size, its children on one shared machine (TMPDIR "
+                  "and ISA probes built once), the sections in lanes run at once ("
+                  + "; ".join(", ".join(lane) for lane in meta["lanes"]) + "): a smoke test, not figures.", ""]
     for run in meta.get("earlier_runs", []):
         em = run.get("machine") or {}
         lines += [f"Sections {', '.join(run['sections'])} come from the run of {run['created']} (`{run['command']}`; "

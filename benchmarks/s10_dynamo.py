@@ -95,30 +95,30 @@ def _setting(ctx: Context, label: str, env: dict[str, str], n_warm: int, *, prec
         ctx.log(f"{label}: {case}: first calls {report['first_call_s']:.2f}s, frames {report['frames']}, "
                 f"dynamo_cache {report['dynamo_cache']}")
 
-    files_dir = ctx.tmpdir("files") / "inductor"
-    machine_a = ctx.tmpdir("machine-a")
+    files_dir = ctx.cache_dir("files")
+    machine_a = ctx.machine("machine-a")
     db, db_off = ctx.tmpdir("db") / "cache.db", ctx.tmpdir("db-off") / "cache.db"
     files_args = ["--save-precompile"] if precompile else []
     db_args = ["--db", str(db)] + (["--precompile"] if precompile else [])
     add("cold files", _sample(device, models, "files", files_dir, machine_a, env, *files_args))
-    add("cold cachedb", _sample(device, models, "cachedb-cold", ctx.tmpdir("dbcold") / "inductor", ctx.tmpdir("machine"),
+    add("cold cachedb", _sample(device, models, "cachedb-cold", ctx.cache_dir("dbcold"), ctx.machine(),
                                 env, *db_args))
     cases = ["warm local", "warm cachedb"]
     if precompile and off_samples:
         samples[OFF] = list(off_samples)
     elif precompile:
-        add("cold cachedb, precompile off", _sample(device, models, "cachedb-cold", ctx.tmpdir("dbcold") / "inductor",
-                                                    ctx.tmpdir("machine"), {}, "--db", str(db_off)))
+        add("cold cachedb, precompile off", _sample(device, models, "cachedb-cold", ctx.cache_dir("dbcold"),
+                                                    ctx.machine(), {}, "--db", str(db_off)))
         cases.append(OFF)
     for r in range(n_warm):
         for case in cases[r % len(cases):] + cases[:r % len(cases)]:
             if case == "warm local":
                 report = _sample(device, models, "files", files_dir, machine_a, env, *files_args)
             elif case == "warm cachedb":
-                report = _sample(device, models, "cachedb", ctx.tmpdir("dbwarm") / "inductor", ctx.tmpdir("machine"), env,
+                report = _sample(device, models, "cachedb", ctx.cache_dir("dbwarm"), ctx.machine(), env,
                                  *db_args)
             else:
-                report = _sample(device, models, "cachedb", ctx.tmpdir("dbwarm") / "inductor", ctx.tmpdir("machine"), {},
+                report = _sample(device, models, "cachedb", ctx.cache_dir("dbwarm"), ctx.machine(), {},
                                  "--db", str(db_off))
             add(case, report)
     return samples

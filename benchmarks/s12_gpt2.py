@@ -110,18 +110,18 @@ def run(ctx: Context) -> SectionResult:
         ctx.log(f"gpt2: {case}: first calls {report['first_call_s']:.1f}s, wall {report['wall_s']:.1f}s, "
                 f"tuning calls {report['tuning_calls'].get('coordesc_calls')}/{report['tuning_calls'].get('benchmark_gpu_calls')}")
 
-    machine_a = ctx.tmpdir("machine-a")
-    cold_dir = ctx.tmpdir("cold") / "inductor"
+    machine_a = ctx.machine("machine-a")
+    cold_dir = ctx.cache_dir("cold")
     mega = ctx.tmpdir("mega") / "artifacts.bin"
     add("cold", _sample(ctx, "files", cold_dir, machine_a, save_mega=str(mega)))
     live_db = ctx.tmpdir("colddb") / "live.db"
-    add("cold, cachedb installed", _sample(ctx, "cachedb-cold", ctx.tmpdir("dbcold") / "inductor",
-                                           ctx.tmpdir("machine"), db=str(live_db)))
+    add("cold, cachedb installed", _sample(ctx, "cachedb-cold", ctx.cache_dir("dbcold"),
+                                           ctx.machine(), db=str(live_db)))
     pre_db = ctx.tmpdir("predb") / "pre.db"
     cases = ["warm local", "warm Mega-Cache", "warm cachedb", "warm cachedb precompile"]
     try:  # torch's caching precompile is experimental: its failure must not lose the other cases
-        add("cold, cachedb precompile", _sample(ctx, "cachedb-cold", ctx.tmpdir("precold") / "inductor",
-                                                ctx.tmpdir("machine"), db=str(pre_db), precompile=True))
+        add("cold, cachedb precompile", _sample(ctx, "cachedb-cold", ctx.cache_dir("precold"),
+                                                ctx.machine(), db=str(pre_db), precompile=True))
     except RuntimeError as exc:
         res.notes.append(f"precompile=True, cold: FAILED: {str(exc)[-1500:]}")
         cases.remove("warm cachedb precompile")
@@ -130,12 +130,12 @@ def run(ctx: Context) -> SectionResult:
             if case == "warm local":
                 add(case, _sample(ctx, "files", cold_dir, machine_a))
             elif case == "warm Mega-Cache":
-                add(case, _sample(ctx, "mega", ctx.tmpdir("megarun") / "inductor", ctx.tmpdir("machine"), mega=str(mega)))
+                add(case, _sample(ctx, "mega", ctx.cache_dir("megarun"), ctx.machine(), mega=str(mega)))
             elif case == "warm cachedb":
-                add(case, _sample(ctx, "cachedb", ctx.tmpdir("dbrun") / "inductor", ctx.tmpdir("machine"), db=str(live_db)))
+                add(case, _sample(ctx, "cachedb", ctx.cache_dir("dbrun"), ctx.machine(), db=str(live_db)))
             elif r == 0:  # precompile: one warm sample
                 try:
-                    add(case, _sample(ctx, "cachedb", ctx.tmpdir("prerun") / "inductor", ctx.tmpdir("machine"),
+                    add(case, _sample(ctx, "cachedb", ctx.cache_dir("prerun"), ctx.machine(),
                                       db=str(pre_db), precompile=True))
                 except RuntimeError as exc:
                     res.notes.append(f"precompile=True, warm: FAILED: {str(exc)[-1500:]}")

@@ -98,29 +98,29 @@ def run(ctx: Context) -> SectionResult:
         ctx.log(f"ddp: {case}: first calls per rank {[round(r['first_call_s'], 1) for r in reports]} s, tuning calls "
                 f"{[(r['tuning_calls']['coordesc_calls'], r['tuning_calls']['benchmark_gpu_calls']) for r in reports]}")
 
-    machine_a = ctx.tmpdir("machine-a")
-    cold_dir = ctx.tmpdir("cold") / "inductor"
+    machine_a = ctx.machine("machine-a")
+    cold_dir = ctx.cache_dir("cold")
     mega_dir = ctx.tmpdir("mega")
     add("cold", _sample(ctx, nproc, "files", cold_dir, machine_a, mega_dir=str(mega_dir), save_mega=True))
     live_db = ctx.tmpdir("colddb") / "live.db"
-    add("cold, cachedb installed", _sample(ctx, nproc, "cachedb-cold", ctx.tmpdir("dbcold") / "inductor",
-                                           ctx.tmpdir("machine"), db=str(live_db)))
+    add("cold, cachedb installed", _sample(ctx, nproc, "cachedb-cold", ctx.cache_dir("dbcold"),
+                                           ctx.machine(), db=str(live_db)))
     cases = ["warm local", "warm Mega-Cache", "warm cachedb"]
     for r in range(n_warm):
         for case in cases[r % len(cases):] + cases[: r % len(cases)]:
             if case == "warm local":
                 add(case, _sample(ctx, nproc, "files", cold_dir, machine_a))
             elif case == "warm Mega-Cache":
-                add(case, _sample(ctx, nproc, "mega", ctx.tmpdir("megarun") / "inductor", ctx.tmpdir("machine"),
+                add(case, _sample(ctx, nproc, "mega", ctx.cache_dir("megarun"), ctx.machine(),
                                   mega_dir=str(mega_dir)))
             else:
-                add(case, _sample(ctx, nproc, "cachedb", ctx.tmpdir("dbrun") / "inductor", ctx.tmpdir("machine"),
+                add(case, _sample(ctx, nproc, "cachedb", ctx.cache_dir("dbrun"), ctx.machine(),
                                   db=str(live_db)))
 
     # For scale: the same warm start with the seams that keep a served winner the winner undone
     # in the ranks (cachedb before them: recheck_autotune_cache and the best configs alone).
-    add("warm cachedb, winner seams off", _sample(ctx, nproc, "cachedb", ctx.tmpdir("offrun") / "inductor",
-                                                  ctx.tmpdir("machine"), db=str(live_db), without_winner_seams=True))
+    add("warm cachedb, winner seams off", _sample(ctx, nproc, "cachedb", ctx.cache_dir("offrun"),
+                                                  ctx.machine(), db=str(live_db), without_winner_seams=True))
 
     first = {case: summarize([r["first_call_s"] for r in rs], "s") for case, rs in ranks.items()}
     local = first["warm local"]

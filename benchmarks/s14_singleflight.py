@@ -40,12 +40,17 @@ CHILD = Path(__file__).with_name("_flight_child.py")
 PG_URL = os.environ.get("CACHEDB_BENCH_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 
 
-def _start(scratch: Path, db: str, tag: str, *args: str, stderr: Path | None = None,
+def _dirs(ctx: Context, tag: str) -> tuple[Path, Path]:
+    """A workload process's own cache dir and machine (``TMPDIR``): ``Context.cache_dir``,
+    ``Context.machine``."""
+    return ctx.cache_dir(f"ind-{tag}"), ctx.machine(f"tmp-{tag}")
+
+
+def _start(dirs: tuple[Path, Path], db: str, tag: str, *args: str, stderr: Path | None = None,
            **env_extra: str) -> subprocess.Popen[str]:
+    """One workload process on ``dirs`` (:func:`_dirs`); ``db``: its database ("-": torch alone)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("CACHEDB_")}
-    env["TORCHINDUCTOR_CACHE_DIR"] = str(scratch / f"ind-{tag}")
-    env["TMPDIR"] = str(scratch / f"tmp-{tag}")
-    os.makedirs(env["TMPDIR"], exist_ok=True)
+    env["TORCHINDUCTOR_CACHE_DIR"], env["TMPDIR"] = (str(d) for d in dirs)
     env.update(env_extra)
     return subprocess.Popen([sys.executable, str(CHILD), db, tag, "--shared-only", *args], stdout=subprocess.PIPE,
                             stderr=stderr.open("w") if stderr is not None else subprocess.DEVNULL, text=True, env=env)
@@ -58,10 +63,12 @@ def _finish(proc: subprocess.Popen[str]) -> dict[str, Any]:
     return json.loads(out.strip().splitlines()[-1])
 
 
-def _herd(scratch: Path, n: int, db_of: Any, *args: str, **env: str) -> tuple[float, int]:
+def _herd(ctx: Context, scratch: Path, n: int, db_of: Any, *args: str, **env: str) -> tuple[float, int]:
     """``(seconds until the last of n processes finished, FX graph compiles in all)``."""
+    tags = [f"{scratch.name}-{i}" for i in range(n)]
+    dirs = [_dirs(ctx, tag) for tag in tags]
     started = time.perf_counter()
-    procs = [_start(scratch, db_of(i), f"{scratch.name}-{i}", *args, **env) for i in range(n)]
+    procs = [_start(dirs[i], db_of(i), tags[i], *args, **env) for i in range(n)]
     reports = [_finish(p) for p in procs]
     return time.perf_counter() - started, sum(int(r["miss"]) for r in reports)
 
@@ -122,12 +129,12 @@ def run(ctx: Context) -> SectionResult:
         cases.append(("torch alone, its own files", lambda i: "-", (), {}))
     try:
         alone_dir = ctx.tmpdir("sf-alone")
-        alone_s, alone_misses = _herd(alone_dir, 1, lambda i, d=alone_dir: str(d / "alone.db"), *graphs)
+        alone_s, alone_misses = _herd(ctx, alone_dir, 1, lambda i, d=alone_dir: str(d / "alone.db"), *graphs)
         alone = summarize([alone_s], "s")
         for label, db_of, args, env in cases:
             ctx.log(f"singleflight: {n} processes, {label}")
             scratch = ctx.tmpdir(f"sf-{len(res.rows)}")
-            seconds, compiles = _herd(scratch, n, db_of, *graphs, *args, **env)
+            seconds, compiles = _herd(ctx, scratch, n, db_of, *graphs, *args, **env)
             claimed = "claims off" not in label and "torch alone" not in label
             res.rows.append(Row(f"{n} processes, {label}: FX graph compiles in all", summarize([compiles], "compiles"),
                                 summarize([alone_misses], "compiles"), "one process alone",
@@ -151,10 +158,10 @@ def _takeover(ctx: Context) -> Row:
     """A holder killed while it compiles its first graph: seconds until its waiter compiles it."""
     scratch = ctx.tmpdir("sf-kill")
     db = str(scratch / "machine.db")
-    holder = _start(scratch, db, "holder", "--hold-for", "120")
+    holder = _start(_dirs(ctx, "holder"), db, "holder", "--hold-for", "120")
     assert holder.stdout is not None and holder.stdout.readline().strip() == "holding"
     log = scratch / "waiter.err"
-    waiter = _start(scratch, db, "waiter", stderr=log)
+    waiter = _start(_dirs(ctx, "waiter"), db, "waiter", stderr=log)
     deadline = time.monotonic() + 120
     while "waiting for" not in log.read_text() and time.monotonic() < deadline:
         time.sleep(0.05)  # until the waiter waits on the holder's claim

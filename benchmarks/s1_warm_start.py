@@ -139,7 +139,7 @@ def _triton_fill(ctx: Context, res: SectionResult, triton_root: Path | None) -> 
         except ImportError:
             res.notes.append("Triton key fill: not measured (Triton is not installed).")
             return
-        cache = ctx.tmpdir("tritonfill") / "inductor"
+        cache = ctx.cache_dir("tritonfill")
         triton_root = cache / "triton" / "0"
         n_kernels = 2 if ctx.quick else 10
         subprocess.run([sys.executable, "-m", "benchmarks._triton_kernels", str(triton_root), str(n_kernels)],
@@ -202,13 +202,13 @@ def run(ctx: Context) -> SectionResult:
 
     def sample(mode: str, d: Path, machine: Path | None = None, **opts: str) -> dict[str, Any]:
         # every sample but warm local runs on a fresh machine (a new TMPDIR)
-        return _sample(mode, d, models, ctx.device, machine or ctx.tmpdir("machine"), **opts)
+        return _sample(mode, d, models, ctx.device, machine or ctx.machine(), **opts)
 
     mega = ctx.tmpdir("mega") / "artifacts.bin"
     first_cold: Path | None = None
-    machine_a = ctx.tmpdir("machine-a")  # the first cold run's machine: warm local runs there
+    machine_a = ctx.machine("machine-a")  # the first cold run's machine: warm local runs there
     for i in range(n_cold):
-        d = ctx.tmpdir("cold") / "inductor"
+        d = ctx.cache_dir("cold")
         add("cold", sample("files", d, machine_a if i == 0 else None, **({"save_mega": str(mega)} if i == 0 else {})))
         first_cold = first_cold or d
     assert first_cold is not None
@@ -220,7 +220,7 @@ def run(ctx: Context) -> SectionResult:
         report = Importer(db, fingerprint=current(), host_key=cpp_host_key()).run(first_cold)
     import_s = time.perf_counter() - t0
     live_db = ctx.tmpdir("colddb") / "live.db"
-    add("cold, cachedb installed", sample("cachedb-cold", ctx.tmpdir("dbcold") / "inductor", db=str(live_db)))
+    add("cold, cachedb installed", sample("cachedb-cold", ctx.cache_dir("dbcold"), db=str(live_db)))
 
     cases = ["warm local", "warm Mega-Cache", "warm cachedb (imported DB)", "warm cachedb (live-filled DB)"]
     if n_extra:
@@ -231,13 +231,13 @@ def run(ctx: Context) -> SectionResult:
             if case == "warm local" and r < n_warm:
                 add(case, sample("files", first_cold, machine_a))
             elif case == "warm Mega-Cache" and r < n_warm:
-                add(case, sample("mega", ctx.tmpdir("megarun") / "inductor", mega=str(mega)))
+                add(case, sample("mega", ctx.cache_dir("megarun"), mega=str(mega)))
             elif case == "warm cachedb (imported DB)" and r < n_warm:
-                add(case, sample("cachedb", ctx.tmpdir("dbrun") / "inductor", db=str(imported_db)))
+                add(case, sample("cachedb", ctx.cache_dir("dbrun"), db=str(imported_db)))
             elif case == "warm cachedb (live-filled DB)" and r < n_warm:
-                add(case, sample("cachedb", ctx.tmpdir("liverun") / "inductor", db=str(live_db)))
+                add(case, sample("cachedb", ctx.cache_dir("liverun"), db=str(live_db)))
             elif case == "warm cachedb export" and r < n_extra:
-                add(case, sample("cachedb", ctx.tmpdir("exportrun") / "inductor", db=str(imported_db),
+                add(case, sample("cachedb", ctx.cache_dir("exportrun"), db=str(imported_db),
                                  cachedb_via="export"))
 
     # cachedb's ordinary warm start on these workloads, §10's baseline for precompile

@@ -1,4 +1,4 @@
-"""§6 Concurrency: 8 processes record autotune timings for distinct ops at the same time.
+"""§6 Concurrency: 8 processes (4 in a quick run) record autotune timings for distinct ops at once.
 
 Each process records N new (op, inputs) pairs (10 choices each) for its own op, starting
 together (every process is set up first, then released at once). Afterwards the store is
@@ -29,15 +29,17 @@ from ._report import Row, SectionResult
 from ._stats import seconds_to, summarize
 
 NAME = "concurrency"
-TITLE = "Concurrency: 8 writer processes, lost updates and latency"
+TITLE = "Concurrency: writer processes at once, lost updates and latency"
+#: Writer processes (a quick run: :data:`QUICK_PROCS`).
 PROCS = 8
+QUICK_PROCS = 4
 PRELOAD_TIMINGS = 1_000
 
 
-def _run_writers(mode: str, n: int, env: dict[str, str], db: Path | None) -> dict[str, Any]:
-    """Start PROCS children, release them together, collect latencies and errors."""
+def _run_writers(mode: str, n_procs: int, n: int, env: dict[str, str], db: Path | None) -> dict[str, Any]:
+    """Start ``n_procs`` children, release them together, collect latencies and errors."""
     procs = []
-    for p in range(PROCS):
+    for p in range(n_procs):
         cmd = [sys.executable, "-m", "benchmarks._concurrency_child", mode, str(p), str(n)]
         if db is not None:
             cmd += ["--db", str(db)]
@@ -70,10 +72,10 @@ def _run_writers(mode: str, n: int, env: dict[str, str], db: Path | None) -> dic
     return {"latencies": latencies, "errors": errors, "wall_s": wall}
 
 
-def _count_files(cache_file: Path, n: int) -> int:
+def _count_files(cache_file: Path, n_procs: int, n: int) -> int:
     cache = json.loads(cache_file.read_text())["cache"]
     found = 0
-    for p in range(PROCS):
+    for p in range(n_procs):
         per_op = cache.get(op_name(p), {})
         for i in range(n):
             if len(per_op.get(P.inputs_key(pair_id(p, i)), {}).get(P.PRECISION, {})) == P.CHOICES_PER_INPUT:
@@ -81,7 +83,7 @@ def _count_files(cache_file: Path, n: int) -> int:
     return found
 
 
-def _count_db(db: Path, n: int) -> int:
+def _count_db(db: Path, n_procs: int, n: int) -> int:
     conn = sqlite3.connect(db)
     try:
         rows = conn.execute(
@@ -90,7 +92,7 @@ def _count_db(db: Path, n: int) -> int:
         ).fetchall()
     finally:
         conn.close()
-    wanted = {(op_name(p), P.inputs_key(pair_id(p, i))) for p in range(PROCS) for i in range(n)}
+    wanted = {(op_name(p), P.inputs_key(pair_id(p, i))) for p in range(n_procs) for i in range(n)}
     return sum(1 for op, inputs, k in rows if (op, inputs) in wanted and k == P.CHOICES_PER_INPUT)
 
 
@@ -101,7 +103,8 @@ def run(ctx: Context) -> SectionResult:
 
     res = SectionResult(NAME, TITLE)
     n = 5 if ctx.quick else 25
-    expected = PROCS * n
+    n_procs = QUICK_PROCS if ctx.quick else PROCS
+    expected = n_procs * n
     modes = ["files", "cachedb"] if ctx.quick else ["files", "cachedb", "live"]
     out: dict[str, dict[str, Any]] = {}
     with fresh_torch_cache(ctx, "conc") as cache_dir:
@@ -117,19 +120,19 @@ def run(ctx: Context) -> SectionResult:
         env["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir)
         env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
         for mode in modes:
-            ctx.log(f"concurrency: {PROCS} '{mode}' writers x {n} records")
+            ctx.log(f"concurrency: {n_procs} '{mode}' writers x {n} records")
             mode_env = dict(env)
             if mode == "live":
                 mode_env["TORCHINDUCTOR_CACHE_DIR"] = str(ctx.tmpdir("conclivecache"))
-            out[mode] = _run_writers(mode, n, mode_env, db_paths.get(mode))
-        out["files"]["found"] = _count_files(cache_file, n)
+            out[mode] = _run_writers(mode, n_procs, n, mode_env, db_paths.get(mode))
+        out["files"]["found"] = _count_files(cache_file, n_procs, n)
         for mode in ("cachedb", "live"):
             if mode in out:
-                out[mode]["found"] = _count_db(db_paths[mode], n)
+                out[mode]["found"] = _count_db(db_paths[mode], n_procs, n)
 
     lost = {mode: expected - r["found"] for mode, r in out.items()}
     res.extra = {
-        "procs": PROCS,
+        "procs": n_procs,
         "records_per_proc": n,
         "expected": expected,
         "lost": lost,
@@ -148,11 +151,11 @@ def run(ctx: Context) -> SectionResult:
                 "PersistentCache JSON", target="0", met=lost[mode] == 0)
         )
         res.rows.append(
-            Row(f"record latency p50, 8 writers ({label})", seconds_to("ms", r["latencies"]),
+            Row(f"record latency p50, {n_procs} writers ({label})", seconds_to("ms", r["latencies"]),
                 seconds_to("ms", base_lat), "PersistentCache JSON")
         )
         res.rows.append(
-            Row(f"record latency p99, 8 writers ({label})", seconds_to("ms", [_percentile(r["latencies"], 0.99)]),
+            Row(f"record latency p99, {n_procs} writers ({label})", seconds_to("ms", [_percentile(r["latencies"], 0.99)]),
                 seconds_to("ms", [_percentile(base_lat, 0.99)]), "PersistentCache JSON",
                 note=f"one p99 over {len(r['latencies'])} / {len(base_lat)} records")
         )
@@ -163,12 +166,12 @@ def run(ctx: Context) -> SectionResult:
         res.notes.append(
             "cachedb's tail: a writer takes SQLite's write lock up front (`BEGIN IMMEDIATE`); the others "
             "wait in SQLite's busy handler, which sleeps in growing steps (up to 100 ms) between retries, "
-            "so with 8 writers on 2 cores some records wait several rounds. Records over 100 ms: "
+            f"so with {n_procs} writers on {os.cpu_count()} cores some records wait several rounds. Records over 100 ms: "
             + ", ".join(f"{m} {k}" for m, k in res.extra["records_over_100ms"].items())
             + "."
         )
     res.notes.append(
-        f"{PROCS} processes x {n} records on {os.cpu_count()} cores; lost updates: "
+        f"{n_procs} processes x {n} records on {os.cpu_count()} cores; lost updates: "
         + ", ".join(f"{m} {v}/{expected}" for m, v in lost.items())
         + "; the p50 rows show every record's latency (median [p10–p90]); the p99 rows one "
         "percentile over all records of all processes (hence n = 1). Errors: "

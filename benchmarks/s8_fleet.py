@@ -93,10 +93,10 @@ def _warm_start(ctx: Context, res: SectionResult, remote: str) -> None:
     key_file.chmod(0o600)
     writer = {"CACHEDB_SIGNING_KEY": str(key_file)}
     consumer = {"CACHEDB_TRUSTED_KEYS": key.public_line()}
-    cold_dir = ctx.tmpdir("fleetcold") / "inductor"
+    cold_dir = ctx.cache_dir("fleetcold")
     add("cold, files", _sample("files", cold_dir, models))
     a_db = ctx.tmpdir("fleeta") / "a.db"
-    add("machine A: cold, local + remote", _sample("cachedb-cold", ctx.tmpdir("fleetadir") / "inductor", models,
+    add("machine A: cold, local + remote", _sample("cachedb-cold", ctx.cache_dir("fleetadir"), models,
                                                    extra_env=writer, db=str(a_db), remote=remote))
     b_db = None
     cases = ["warm local files", "machine B", "machine B, unsigned"]
@@ -107,13 +107,13 @@ def _warm_start(ctx: Context, res: SectionResult, remote: str) -> None:
                 continue
             db = ctx.tmpdir("fleetb") / "b.db"  # a new machine every time: empty local file
             env = consumer if case == "machine B" else {"CACHEDB_REMOTE_TRUST": "1"}
-            add(case, _sample("cachedb", ctx.tmpdir("fleetbdir") / "inductor", models, extra_env=env, db=str(db),
+            add(case, _sample("cachedb", ctx.cache_dir("fleetbdir"), models, extra_env=env, db=str(db),
                               remote=remote))
             if case == "machine B":
                 b_db = db
     assert b_db is not None
     for _ in range(n):
-        add("machine B again (local hits)", _sample("cachedb", ctx.tmpdir("fleetb2") / "inductor", models,
+        add("machine B again (local hits)", _sample("cachedb", ctx.cache_dir("fleetb2"), models,
                                                     extra_env=consumer, db=str(b_db), remote=remote))
 
     first = {c: summarize([s["first_call_s"] for s in ss], "s") for c, ss in samples.items()}

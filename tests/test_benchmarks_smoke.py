@@ -93,17 +93,24 @@ def test_interleaved_runs_each_block_of_an_op_inside_its_scope() -> None:
 
 
 def test_quick_herd_serves_every_process_from_the_remote(tmp_path: Path) -> None:
-    """``--quick --only herd``: 24 processes (3 machines of 8) on the local PostgreSQL, through a
+    """``--quick --only disk,herd``: 24 processes (3 machines of 8) on the local PostgreSQL, through a
     PgBouncer it starts, and on torch's Redis remote cache: every lookup served, one remote query
-    per entry per machine, one write per machine, no process falling back to its local cache."""
+    per entry per machine, one write per machine, no process falling back to its local cache.
+    The two sections are in different lanes of a quick run: each ran in its own process, at
+    once, and both are in the one document written."""
     out = tmp_path / "results"
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks", "--quick", "--only", "herd", "--out", str(out),
+        [sys.executable, "-m", "benchmarks", "--quick", "--only", "disk,herd", "--out", str(out),
          "--scratch", str(tmp_path), "--quiet"],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=600, check=False,
     )
     assert proc.returncode == 0, f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-5000:]}"
-    section = json.loads((out / "cpu-herd-quick.json").read_text())["sections"]["herd"]
+    doc = json.loads((out / "cpu-disk-herd-quick.json").read_text())
+    assert doc["lanes"] == [["disk"], ["herd"]]
+    assert doc["sections"]["disk"]["error"] is None and doc["sections"]["disk"]["rows"]
+    assert "in lanes run at once (disk; herd)" in (out / "cpu-disk-herd-quick.md").read_text()
+    assert [p.name for p in tmp_path.iterdir()] == ["results"]  # the lanes' scratch went with the run's
+    section = doc["sections"]["herd"]
     assert section["error"] is None and not [n for n in section["notes"] if "skipped" in n], section["notes"]
     herds = section["extra"]["herds"]
     assert sorted(herds) == ["direct", "pgbouncer", "redis"]
