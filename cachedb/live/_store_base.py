@@ -9,6 +9,7 @@ import math
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -319,4 +320,23 @@ def _compile_ahead(db: CacheDB) -> None:
         except Exception as exc:  # noqa: BLE001 - the lookup compiles it again and reports
             log.debug("cachedb: statements not compiled ahead: %s", exc)
 
-    threading.Thread(target=compile_all, name="cachedb-statements", daemon=True).start()
+    thread = threading.Thread(target=compile_all, name="cachedb-statements", daemon=True)
+    _AHEAD.add(thread)
+    thread.start()
+
+
+#: The :func:`_compile_ahead` threads started: a fork waits for them (:func:`_before_fork`).
+_AHEAD: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
+
+
+def _before_fork() -> None:
+    """Let a running :func:`_compile_ahead` thread end before ``os.fork`` (a few ms): forked
+    while it held the pool's or the statement cache's lock, the child would wait for a lock
+    no thread of its own releases (a DataLoader worker's first lookup hanging)."""
+    for thread in list(_AHEAD):
+        if thread.is_alive():
+            thread.join(5.0)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_before_fork)
