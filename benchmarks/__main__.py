@@ -7,8 +7,9 @@ prints the Markdown table of ratios and writes it with the JSON document to ``--
 run of some sections (``-quick`` added for ``--quick``); ``--name`` chooses another stem, and
 ``--merge`` adds the run's sections to those files instead of replacing them. ``--nproc N``
 runs §13's DDP workload on N GPUs. A quick run (a smoke test: each section at its smallest
-size, checking that it runs and writes its rows) runs its sections in ``--jobs`` lanes at once
-(default 2; :data:`QUICK_LANES`), each lane a ``python -m benchmarks`` process; a full run
+size, checking that it runs and writes its rows) runs its sections in the two lanes of
+:data:`QUICK_LANES` at once (``--jobs 1``: one at a time), each lane a ``python -m benchmarks``
+process; a full run
 runs one section at a time, so that no section's figures share the machine with another's.
 """
 
@@ -69,7 +70,7 @@ SECTIONS: dict[str, object] = {
 ORDER = ["warm_start", "timings", "best_configs", "guarded", "import", "concurrency", "disk", "fleet", "startup",
          "pgo", "herd", "singleflight", "gpt2", "ddp"]
 
-#: The lanes of a quick run with ``--jobs`` > 1, each run in order by its own process: a
+#: The lanes of a quick run (unless ``--jobs 1``), each run in order by its own process: a
 #: section that reads what another leaves in ``Context.shared`` is in that one's lane (§4 and
 #: §7 read §1's cold cache dir, §7 §5's generated dir), and the lanes take about as long.
 #: (§10 reads §1's samples where it runs the same workloads, on the GPU; in another lane it
@@ -93,7 +94,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="smallest sizes, one repetition (CI smoke test)")
     parser.add_argument("--jobs", type=int, default=None, metavar="N",
-                        help="a quick run's sections in up to N lanes at once (default 2; full runs: 1)")
+                        help="a quick run: 2 (default) runs its sections in the two lanes of QUICK_LANES at once, "
+                             "1 one section at a time (more acts as 2; full runs: always 1)")
     parser.add_argument("--only", default="", help=f"comma-separated sections: {','.join(ORDER)}")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results directory (default: %(default)s)")
     parser.add_argument("--name", default=None,
@@ -167,14 +169,6 @@ def _installed_bytecode() -> str:
     return f"compiled under PYTHONPYCACHEPREFIX={prefix} in {time.perf_counter() - t0:.0f} s (torch had none)"
 
 
-def _fold(lanes: list[list[str]], jobs: int) -> list[list[str]]:
-    """``lanes`` joined into ``jobs`` lanes, each keeping its sections' order."""
-    out: list[list[str]] = [[] for _ in range(jobs)]
-    for i, lane in enumerate(lanes):
-        out[i % jobs] += lane
-    return out
-
-
 def _run_lanes(args: argparse.Namespace, lanes: list[list[str]], scratch: Path, ctx: Context) -> dict[str, SectionResult]:
     """Each lane's sections run in order by a ``python -m benchmarks --jobs 1`` process of its
     own, the lanes at once; their sections, read back from each lane's JSON document. A lane
@@ -182,9 +176,8 @@ def _run_lanes(args: argparse.Namespace, lanes: list[list[str]], scratch: Path, 
     procs = []
     for i, lane in enumerate(lanes):
         out = scratch / f"lane-{i}"
-        cmd = [sys.executable, "-m", "benchmarks", "--jobs", "1", "--only", ",".join(lane), "--out", str(out),
-               "--name", "lane", "--scratch", str(scratch), "--device", args.device, "--nproc", str(args.nproc)]
-        cmd += ["--quick"] if args.quick else []
+        cmd = [sys.executable, "-m", "benchmarks", "--quick", "--jobs", "1", "--only", ",".join(lane), "--out",
+               str(out), "--name", "lane", "--scratch", str(scratch), "--device", args.device, "--nproc", str(args.nproc)]
         cmd += ["--quiet"] if args.quiet else []
         ctx.log(f"lane {i + 1}/{len(lanes)}: {', '.join(lane)}")
         procs.append((lane, out, subprocess.Popen(cmd, cwd=Path(__file__).resolve().parent.parent,
@@ -219,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     t_run = time.perf_counter()
     jobs = args.jobs if args.jobs is not None else (2 if args.quick else 1)
     lanes = [kept for kept in ([n for n in lane if n in names] for lane in QUICK_LANES) if kept]
-    lanes = _fold(lanes, min(jobs, len(lanes))) if args.quick and jobs > 1 and len(lanes) > 1 else []
+    lanes = lanes if args.quick and jobs > 1 and len(lanes) > 1 else []
     try:
         if lanes:
             results = _run_lanes(args, lanes, scratch, ctx)
