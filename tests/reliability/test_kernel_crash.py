@@ -15,6 +15,7 @@ import os
 import random
 import time
 from pathlib import Path
+from typing import Any
 
 from cachedb import CacheDB
 from cachedb.tools.verify import verify
@@ -30,11 +31,24 @@ def _content(key: int, name: str) -> bytes:
     return seed * (20_000 + key % 7 * 3_000)
 
 
-def _child(db_path: str, root: str, start: int) -> None:
+def _child(db_path: str, root: str, start: int, go: Any) -> None:
+    """Writes key after key from ``start`` once ``go`` is set. First it computes what a
+    compiling process holds already (the store's first write records the system fingerprint:
+    ``torch_key()`` and ``get_system()``, cached per process), so the parent can start it while
+    it checks the last child's leftovers."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is not None:
+        from torch._inductor.codecache import CacheBase, torch_key
+
+        torch_key()
+        CacheBase.get_system()
+
     from cachedb.live._artifacts import KernelArtifacts
     from cachedb.live._store import LiveStore
 
     store = KernelArtifacts(LiveStore(db_path))
+    go.wait()
     key = start
     while True:
         files = [(name, _content(key, name)) for name in sorted(FILES)]
@@ -50,15 +64,25 @@ def test_sigkill_never_leaves_partial_blobs_or_files(tmp_path: Path) -> None:
     root = tmp_path / "triton"
     root.mkdir()
     ctx = multiprocessing.get_context("spawn")
-    start = 0
-    for _ in range(KILLS):
-        proc = ctx.Process(target=_child, args=(str(db_path), str(root), start), daemon=True)
+
+    def started(start: int) -> tuple[Any, Any]:
+        go = ctx.Event()
+        proc = ctx.Process(target=_child, args=(str(db_path), str(root), start, go), daemon=True)
         proc.start()
+        return proc, go
+
+    start = 0
+    upcoming = started(start)
+    for kill in range(KILLS):
+        proc, go = upcoming
+        go.set()
         before = len(list(root.iterdir()))
         deadline = time.monotonic() + 120
         while proc.exitcode is None and len(list(root.iterdir())) == before:  # it got going
             assert time.monotonic() < deadline, "child never got going"
             time.sleep(0.01)
+        if kill + 1 < KILLS:  # the next one gets ready (imports) while this one runs and is checked
+            upcoming = started(start + 1000)
         proc.join(rng.uniform(0.0, 1.5))
         assert proc.exitcode is None, "child stopped by itself"
         proc.kill()
