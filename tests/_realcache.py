@@ -6,8 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
-from collections.abc import Callable
 from pathlib import Path
 
 BUILDER = Path(__file__).resolve().parents[1] / "examples" / "build_cache.py"
@@ -94,30 +92,9 @@ def build_live_cache(root: Path) -> tuple[Path, dict, dict]:
     return db, cold, warm
 
 
-#: The directory :func:`build_isa_probes` filled for this test run (``None``: not built,
-#: :func:`seeded` copies nothing), built on a thread by :data:`ISA_PROBES_BUILD` (set by the
-#: session fixture ``isa_probes`` of tests/conftest.py; ``None`` without torch).
+#: The directory :func:`build_isa_probes` filled for this test run (set by the session fixture
+#: ``isa_probes`` of tests/conftest.py; ``None``: not built, :func:`seeded` copies nothing).
 ISA_PROBES: Path | None = None
-ISA_PROBES_BUILD: Callable[[], Path] | None = None
-_probes_lock = threading.Lock()
-_probes_thread: threading.Thread | None = None
-
-
-def start_isa_probes() -> threading.Thread | None:
-    """The thread that builds :data:`ISA_PROBES` (started on the first call), or ``None``
-    where nothing builds them."""
-    global _probes_thread
-
-    def build() -> None:
-        global ISA_PROBES
-        assert ISA_PROBES_BUILD is not None
-        ISA_PROBES = ISA_PROBES_BUILD()
-
-    with _probes_lock:
-        if _probes_thread is None and ISA_PROBES_BUILD is not None:
-            _probes_thread = threading.Thread(target=build, name="isa-probes", daemon=True)
-            _probes_thread.start()
-        return _probes_thread
 
 
 def build_isa_probes(cache_dir: Path) -> None:
@@ -138,9 +115,6 @@ def seeded(cache_dir: Path) -> str:
     import shutil
 
     cache_dir = Path(cache_dir)
-    building = start_isa_probes()
-    if building is not None:
-        building.join(TIMEOUT_S)
     if ISA_PROBES is not None:
         shutil.copytree(ISA_PROBES, cache_dir, dirs_exist_ok=True)
     cache_dir.mkdir(parents=True, exist_ok=True)

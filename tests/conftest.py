@@ -181,26 +181,22 @@ def real_cache(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def isa_probes(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> None:
-    """torch's vector-ISA probes (C++ test programs, ~6 s on 2 cores, ~15 s beside another
-    worker) built once per test run into a cache dir that :func:`tests._realcache.seeded`
-    copies into a child's fresh one. They are built on a thread, started here where the
-    session has ``slow`` tests (else by the first ``seeded``), so no test waits for them but
-    one that seeds a directory. Nothing is built without torch."""
+def isa_probes(tmp_path_factory: pytest.TempPathFactory) -> Path | None:
+    """torch's vector-ISA probes (C++ test programs) built once per test run into a cache dir
+    that :func:`tests._realcache.seeded` copies into a child's fresh one (``None`` without
+    torch)."""
     import importlib.util
 
-    from . import _realcache
-
     if importlib.util.find_spec("torch") is None:
-        return
+        return None
+    from . import _realcache
 
     def build(target: Path) -> str:
         _realcache.build_isa_probes(target)
         return str(target)
 
-    _realcache.ISA_PROBES_BUILD = lambda: Path(_built_once(tmp_path_factory, "isa_probes", build))
-    if any(item.get_closest_marker("slow") for item in request.session.items):
-        _realcache.start_isa_probes()
+    _realcache.ISA_PROBES = Path(_built_once(tmp_path_factory, "isa_probes", build))
+    return _realcache.ISA_PROBES
 
 
 @pytest.fixture(scope="session")
