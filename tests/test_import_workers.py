@@ -198,8 +198,8 @@ def test_a_transaction_spans_batches_up_to_its_bound_and_a_failure_keeps_what_co
     real_cache: tuple[Path, dict], db: CacheDB, monkeypatch: pytest.MonkeyPatch, workers: int
 ) -> None:
     """Batches of 3 files are written into one transaction until it holds 7 files or more,
-    then it commits. An error in the batch after a commit (from ``progress``) rolls back only the
-    open transaction: the guarded entries of the committed batches stay, those of the batch
+    then it commits. An error in a batch after a commit (from ``progress``) rolls back only the
+    open transaction: the guarded entries of the committed batches stay, those of the batches
     after them are gone, and a re-import completes the cache."""
     monkeypatch.setattr(import_walk, "BATCH_FILES", 3)
     monkeypatch.setattr(importer, "_COMMIT_FILES", 7)

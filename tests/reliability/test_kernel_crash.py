@@ -15,7 +15,8 @@ import os
 import random
 import time
 from pathlib import Path
-from typing import Any
+from multiprocessing.process import BaseProcess
+from multiprocessing.synchronize import Event
 
 from cachedb import CacheDB
 from cachedb.tools.verify import verify
@@ -31,7 +32,7 @@ def _content(key: int, name: str) -> bytes:
     return seed * (20_000 + key % 7 * 3_000)
 
 
-def _child(db_path: str, root: str, start: int, go: Any) -> None:
+def _child(db_path: str, root: str, start: int, go: Event) -> None:
     """Writes key after key from ``start`` once ``go`` is set. First it computes what a
     compiling process holds already (the store's first write records the system fingerprint:
     ``torch_key()`` and ``get_system()``, cached per process), so the parent can start it while
@@ -65,7 +66,7 @@ def test_sigkill_never_leaves_partial_blobs_or_files(tmp_path: Path) -> None:
     root.mkdir()
     ctx = multiprocessing.get_context("spawn")
 
-    def started(start: int) -> tuple[Any, Any]:
+    def started(start: int) -> tuple[BaseProcess, Event]:
         go = ctx.Event()
         proc = ctx.Process(target=_child, args=(str(db_path), str(root), start, go), daemon=True)
         proc.start()
