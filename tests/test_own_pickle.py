@@ -93,6 +93,18 @@ def test_damaged_entries_give_what_the_opcode_walk_gives(data: st.DataObject, va
     assert _outcome(read_own_entry_fields, bytes(raw)) == _outcome(read_entry_fields, bytes(raw))
 
 
+@pytest.mark.parametrize("inserted", [b"\xc2\x80", b"\\x41"])
+def test_a_global_name_the_opcode_walk_decodes_otherwise(inserted: bytes) -> None:
+    """Protocol 0's GLOBAL names its module and class on text lines: the C unpickler reads them
+    as UTF-8, the opcode walk as pickletools does (escapes undone, then ASCII), so bytes spliced
+    into the module's name (a non-ASCII character; an escape) give the opcode walk's outcome."""
+    raw = bytearray(pickle.dumps(FakeCompiledFxGraph("L['x'].size()[0] <= 8", payload=None, _time_taken_ns=7),
+                                 protocol=0))
+    assert raw[:1] == b"c"  # GLOBAL: "c<module>\n<name>\n"
+    raw[1:1] = inserted
+    assert _outcome(read_own_entry_fields, bytes(raw)) == _outcome(read_entry_fields, bytes(raw))
+
+
 class _Boom:
     """Unpickling this runs ``os.system`` (a REDUCE of a real function)."""
 

@@ -67,6 +67,11 @@ class _InertUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> type[_Inert]:
         found = _CLASSES.get((module, name))
         if found is None:
+            # The opcode walk reads a GLOBAL's names as pickletools does (escapes undone, then
+            # ASCII); the C unpickler takes them as UTF-8. Names where the two could differ
+            # (damaged bytes, never torch's) go to the opcode walk.
+            if not (module.isascii() and name.isascii()) or "\\" in module or "\\" in name:
+                raise pickle.UnpicklingError("a global name the opcode walk reads otherwise")
             if len(_CLASSES) >= _MAX_CLASSES:
                 _CLASSES.clear()
             found = type("Inert", (_Inert,), {"__slots__": (), "qualname": f"{module}.{name}"})
