@@ -78,6 +78,43 @@ step("system", f, torch.randn(64),
      patch=lambda: mock.patch.object(codecache.CacheBase, "get_system", staticmethod(lambda: other_system)))
 # torch will not cache a graph compiled with freezing on: its AOTAutograd cache bypasses it
 step("aot_bypass", f, torch.randn(64), patch=lambda: torch._inductor.config.patch(freezing=True))
+
+
+# Autotune timings: torch's own PersistentCache.lookup (what select_algorithm asks for a GEMM's
+# choices), with choices that have what it reads of one (hash_key(); name, as Inductor's have).
+class Choice:
+    def __init__(self, choice_hash):
+        self.choice_hash, self.name = choice_hash, f"{choice_hash} choice"
+
+    def hash_key(self):
+        return self.choice_hash
+
+
+MM_64 = "[('cpu', 'torch.float32', 64, 32, 32, 1, 0), ('cpu', 'torch.float32', 32, 16, 16, 1, 0)]"
+MM_128 = "[('cpu', 'torch.float32', 128, 32, 32, 1, 0), ('cpu', 'torch.float32', 32, 16, 16, 1, 0)]"
+
+
+def timing_step(name, inputs, choices=("aten", "cpp"), precision="highest", patch=contextlib.nullcontext):
+    torch.set_float32_matmul_precision(precision)
+    try:
+        with patch():
+            codecache.PersistentCache().lookup([Choice(c) for c in choices], "mm", inputs,
+                                               lambda cs: {c: 0.5 for c in cs})
+    finally:
+        torch.set_float32_matmul_precision("highest")
+    active_store().flush()
+    res = CliRunner().invoke(main, ["--db", db_path, "misses", "-n", "1", "--kind", "timings", "--format", "json"])
+    assert res.exit_code == 0, res.output
+    report.append({"step": name, "misses": json.loads(res.stdout), "aot": []})
+
+
+timing_step("t_base", MM_64)
+timing_step("t_hit", MM_64)
+timing_step("t_shape", MM_128)
+timing_step("t_choice", MM_64, choices=("aten", "cpp", "triton"))
+timing_step("t_precision", MM_64, precision="high")
+timing_step("t_system", MM_64,
+            patch=lambda: mock.patch.object(codecache.CacheBase, "get_system", staticmethod(lambda: other_system)))
 active_store().flush_hits()
 if active_store().remote is not None:
     assert active_store().remote.flush(60)

@@ -10,6 +10,7 @@ its report, the database it leaves and the shared tier (no test compiles anythin
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import shutil
@@ -185,10 +186,63 @@ def test_a_hit_records_no_miss(run) -> None:
 
 
 def test_table_output_in_words(run) -> None:
-    res = CliRunner().invoke(main, ["--db", str(run[1]), "misses", "-n", "20"], env={"COLUMNS": "400"})
+    res = CliRunner().invoke(main, ["--db", str(run[1]), "misses", "-n", "50"], env={"COLUMNS": "400"})
     assert res.exit_code == 0, res.output
     assert "inductor_config.max_autotune_pointwise: False -> True" in res.stdout
     assert "example_inputs[0]: float32[64] -> float64[64]" in res.stdout
+
+
+def _timing(report: dict[str, dict], step: str) -> dict:
+    (miss,) = report[step]["misses"]
+    assert miss["kind"] == "timings"
+    return miss
+
+
+def test_a_first_timings_lookup_has_nothing_near(run) -> None:
+    miss = _timing(run[0], "t_base")
+    assert (miss["outcome"], miss["nearest"], miss["differs"]) == ("no_entry", None, [])
+    assert miss["key"].startswith("mm:")
+
+
+def test_a_timings_hit_records_no_miss(run) -> None:
+    assert run[0]["t_hit"]["misses"] == run[0]["t_base"]["misses"]
+
+
+def test_timings_misses_name_their_factor(run) -> None:
+    """Each perturbation of the first lookup (``PersistentCache.lookup``, torch's own) names
+    what changed, and nothing else: the first input's size, a choice without a timing (the
+    lookup's own key: its other choices were timed), the float32 matmul precision, the system."""
+    base = _timing(run[0], "t_base")["key"]
+    shape = _timing(run[0], "t_shape")
+    assert shape["nearest"] == base and shape["outcome"] == "no_entry"
+    assert shape["differs"] == [{"factor": "inputs[0]", "stored": "('cpu', 'torch.float32', 64, 32, 32, 1, 0)",
+                                 "wanted": "('cpu', 'torch.float32', 128, 32, 32, 1, 0)"}]
+    choice = _timing(run[0], "t_choice")
+    assert (choice["key"], choice["nearest"], choice["outcome"]) == (base, base, "new_choices")
+    assert choice["differs"] == [{"factor": "choice[triton]", "stored": None, "wanted": "triton choice"}]
+    precision = _timing(run[0], "t_precision")
+    assert precision["nearest"] == base
+    assert precision["differs"] == [{"factor": "precision", "stored": "highest", "wanted": "high"}]
+    system = _timing(run[0], "t_system")
+    assert system["nearest"] == base and _factors(system) == ["system"]
+    assert system["differs"][0]["wanted"].startswith("NVIDIA H200 / CUDA 13.0")
+    assert system["differs"][0]["stored"].startswith("no GPU")
+
+
+def test_a_cold_compile_s_gemm_autotune_is_a_timings_miss(live_cache: tuple[Path, dict, dict]) -> None:
+    """``cachedb run`` of examples/build_cache.py (its GEMM compiled with max-autotune, CPU) into
+    an empty database: each timings lookup it benchmarked is a ``no_entry`` miss with nothing
+    near, naming the op and inputs that were then stored; the warm run on a fresh machine
+    benchmarked nothing and recorded no timings miss."""
+    db, _cold, _warm = live_cache
+    misses = _misses_json(db, "--kind", "timings")
+    with CacheDB(str(db), upgrade=False) as database, database.read() as repos:
+        stored = repos.session.execute(text("SELECT op, inputs FROM autotune_keys")).all()
+        recent = repos.misses.recent(50, "timings")
+    assert stored and len(misses) == len(stored) == len(recent)
+    assert all((m["outcome"], m["nearest"], m["differs"]) == ("no_entry", None, []) for m in misses)
+    wanted = {(r["factors"]["op"][1], r["factors"]["inputs[0]"][1]) for r in recent}
+    assert wanted == {(op, repr(ast.literal_eval(inputs)[0])) for op, inputs in stored}
 
 
 def test_seconds_saved_is_compile_time_times_hits(run) -> None:
@@ -233,17 +287,21 @@ def test_factors_stored_compactly_and_cleared_with_their_entries(run, tmp_path: 
     res = CliRunner().invoke(main, ["--db", str(path), "misses", "--format", "json"])
     assert res.exit_code == 0, res.output
     # no stored entry has factors left (a guard miss names its own key, whose guards failed)
-    assert all(m["nearest"] is None for m in json.loads(res.stdout) if m["outcome"] != "guards_failed")
+    assert all(m["nearest"] is None for m in json.loads(res.stdout)
+               if m["outcome"] != "guards_failed" and m["kind"] != "timings")
 
 
 def _without_entries(source: Path, target: Path) -> Path:
-    """A copy of ``source`` with its miss log and without its entries (nor their factors)."""
+    """A copy of ``source`` with its miss log and without its entries (nor their factors) or
+    autotune timings."""
     shutil.copy(source, target)
     db = CacheDB(str(target))
     try:
         with db.transaction() as repos:
             repos.guarded.clear("fxgraph")
             repos.guarded.clear("aotautograd")
+            for table in ("autotune_run_timings", "autotune_runs", "autotune_keys"):
+                repos.session.execute(text(f"DELETE FROM {table}"))
     finally:
         db.close()
     return target
@@ -273,6 +331,8 @@ def test_misses_against_the_shared_tier(run, module_pg_url: str, tmp_path: Path)
     assert _factors(aot) == ["autograd_config.activation_memory_budget"]
     guard = shared[("fxgraph", _only(report, "guard")["key"])]  # A holds variants of the key: their guards failed
     assert guard["nearest"] == guard["key"] and "6 <= " in guard["guards"][0]
+    shape = shared[("timings", _timing(report, "t_shape")["key"])]  # A's timings went to the shared tier
+    assert shape["nearest"] == _timing(report, "t_base")["key"] and _factors(shape) == ["inputs[0]"]
     # every entry A wrote took its factors to the shared tier
     remote = CacheDB(module_pg_url, upgrade=False)
     try:

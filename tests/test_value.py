@@ -190,7 +190,7 @@ def test_old_hits_fade_and_the_plan_is_what_apply_deletes(db: CacheDB) -> None:
 def test_stats_prometheus_parses_and_counts_per_kind_and_fingerprint(db: CacheDB) -> None:
     """On SQLite and PostgreSQL, real rows of each counted kind (FX graph and AOTAutograd
     variants under a fingerprint whose device name needs escaping, a kernel key directory, a PGO
-    profile, a compile avoided, misses of two outcomes): ``prometheus_client``'s parser reads
+    profile, a compile avoided, FX graph misses of two outcomes and a timings miss): ``prometheus_client``'s parser reads
     every family as a gauge with the figures ``cachedb stats --format json`` gives."""
     parser = pytest.importorskip("prometheus_client.parser")
     from cachedb.fingerprint import Fingerprint
@@ -209,6 +209,7 @@ def test_stats_prometheus_parses_and_counts_per_kind_and_fingerprint(db: CacheDB
         repos.compile_waits.add("fxgraph", "fk", seconds=2.0, outcome="landed", waited_on="host:1:x")
         for key, outcome in (("m1", "no_entry"), ("m2", "no_entry"), ("m3", "guards_failed")):
             repos.misses.add("fxgraph", key, outcome, [Factor("gm", "g" * 16, "x")])
+        repos.misses.add("timings", "mm:t1", "new_choices", [Factor("op", "o" * 16, "mm")])
     exposed = cli("--db", db.where, "stats", "--format", "prometheus")
     assert exposed.exit_code == 0, exposed.output
     assert all(line.startswith(("# HELP cachedb_", "# TYPE cachedb_", "cachedb_")) for line in exposed.stdout.splitlines())
@@ -236,7 +237,8 @@ def test_stats_prometheus_parses_and_counts_per_kind_and_fingerprint(db: CacheDB
     assert samples("cachedb_entries")[("triton_kernel", "")] == 1
     assert samples("cachedb_compiles_avoided") == {("fxgraph",): 1}
     assert samples("cachedb_misses") == {("fxgraph", "no_entry"): 2, ("fxgraph", "guards_failed"): 1,
-                                         ("fxgraph", "bypass"): 0}
+                                         ("fxgraph", "bypass"): 0, ("timings", "no_entry"): 0,
+                                         ("timings", "new_choices"): 1}
     assert (by_kind["total"]["hits"], by_kind["total"]["seconds_saved"]) == (6, 7.0)
 
 

@@ -14,11 +14,14 @@ attribute. :func:`parse_debug_lines` turns those lines into :class:`Factor` rows
   the graph's code with its white space folded, and ``#<hash>`` where torch's text is not
   printable (``torch_version`` is a digest).
 
-:func:`differences` compares two factor sets in words.
+:func:`differences` compares two factor sets in words. :func:`timing_factors` gives those of an
+autotune timings lookup, which torch keys by a path, not a hash.
 """
 
 from __future__ import annotations
 
+import ast
+import hashlib
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -136,3 +139,66 @@ def differences(stored: Mapping[str, tuple[str, str]], wanted: Mapping[str, tupl
 def equal_count(stored: Mapping[str, tuple[str, str]], wanted: Mapping[str, tuple[str, str]]) -> int:
     """How many factors ``stored`` and ``wanted`` share with the same hash."""
     return sum(1 for name, (h, _v) in wanted.items() if name in stored and stored[name][0] == h)
+
+
+# -- autotune timings ------------------------------------------------------------------------
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:HASH_CHARS]
+
+
+def _short(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= VALUE_CHARS else text[:VALUE_CHARS - 3] + "..."
+
+
+def system_words(system_hash: str, device_name: str | None = None, cuda_version: str | None = None,
+                 hip_version: str | None = None) -> str:
+    """A system hash in words: ``NVIDIA H100 80GB HBM3 / CUDA 12.8`` (the device and its
+    toolkit where the system has a GPU), else ``no GPU``; its first 12 characters after."""
+    parts = [device_name or "no GPU"]
+    if cuda_version:
+        parts.append(f"CUDA {cuda_version}")
+    if hip_version:
+        parts.append(f"HIP {hip_version}")
+    return f"{' / '.join(parts)} (#{system_hash[:12]})"
+
+
+def timing_key(system_hash: str, op: str, inputs: str, hint_override: int | None, precision: str) -> str:
+    """cachedb's key of one autotune timings lookup, ``<op>:<digest>`` (at most 90 characters):
+    torch's own is the path ``local_cache[op][inputs key][precision]`` of the system's
+    ``cache/<system hash>`` document (``PersistentCache.lookup``, torch/_inductor/codecache.py)."""
+    return f"{op[:64]}:{_digest(chr(0).join([system_hash, op, inputs, repr(hint_override), precision]))[:24]}"
+
+
+def timing_factors(system_hash: str, system_value: str, op: str, inputs: str, hint_override: int | None,
+                   precision: str, choices: Iterable[tuple[str, str | None]]) -> list[Factor]:
+    """The factors of an autotune timings lookup, what ``PersistentCache.lookup``
+    (torch/_inductor/codecache.py, torch 2.9 to 2.15) looks up: the document of the system
+    (``system``: ``CacheBase.get_system()["hash"]``, in words :func:`system_words`), then
+    ``local_cache[op][inputs]`` (``inputs`` + ``_<hint_override>`` where there is one)
+    ``[torch.get_float32_matmul_precision()][choice.hash_key()]`` for every choice. Factors:
+    ``system``, ``op``, ``inputs[i]`` (each item of the inputs key torch builds,
+    ``AlgorithmSelectorCache.key_of`` per input node: device, dtype, sizes, strides, offset;
+    ``inputs`` whole where it is not a list), ``hint_override`` (where given), ``precision`` and
+    ``choice[<hash>]`` per choice (its ``name`` as the value, where known). Hashes: the first
+    :data:`HASH_CHARS` hex characters of SHA-256 of the item (torch hashes none of them)."""
+    out = [Factor("system", system_hash[:HASH_CHARS], _short(system_value)), Factor("op", _digest(op), _short(op))]
+    try:
+        items = ast.literal_eval(inputs)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        items = None
+    if isinstance(items, (list, tuple)):
+        for i, item in enumerate(items):
+            text = repr(item)
+            out.append(Factor(f"inputs[{i}]", _digest(text), _short(text)))
+    else:
+        out.append(Factor("inputs", _digest(inputs), _short(inputs)))
+    if hint_override is not None:
+        out.append(Factor("hint_override", _digest(str(hint_override)), str(hint_override)))
+    out.append(Factor("precision", _digest(precision), _short(precision)))
+    for choice_hash, name in choices:
+        out.append(Factor(f"choice[{choice_hash[:NAME_CHARS - 8]}]"[:NAME_CHARS], _digest(choice_hash),
+                          _short(name or choice_hash)))
+    return out

@@ -55,6 +55,7 @@ from typing import TYPE_CHECKING, Any
 from ..fleet import tier_sync as sync
 from ..repositories import choices as choices_repo
 
+from . import _misses
 from ._store import HeldChoices
 
 if TYPE_CHECKING:
@@ -252,17 +253,28 @@ def patches(store: LiveStore | Callable[[], LiveStore | None],
         described.finish(held, fresh)
         return timings
 
+    def noted(cache: Any, op: str, inputs: str, hint_override: int | None, benchmark: Any) -> Any:
+        """``benchmark``, which records the miss when torch calls it (a lookup that hits does not)."""
+        live = store_now()
+        if live is None or benchmark is None:
+            return benchmark
+        return _misses.noting_timing_miss(live, cache, op, inputs, hint_override, benchmark)
+
     if takes_hint:
         def lookup(self: Any, choices: list[Any], op: str, inputs: str, benchmark: Any,
                    hint_override: int | None = None) -> Any:
             """``PersistentCache.lookup`` (torch/_inductor/codecache.py), the choices described
-            (:class:`ChoiceLog`) and written with the timings it records, else after it."""
+            (:class:`ChoiceLog`) and written with the timings it records, else after it; a
+            miss (torch benchmarks) recorded with its factors."""
+            benchmark = noted(self, op, inputs, hint_override, benchmark)
             return described_lookup(lambda: original(self, choices=choices, op=op, inputs=inputs, benchmark=benchmark,
                                                      hint_override=hint_override), choices)
     else:
         def lookup(self: Any, choices: list[Any], op: str, inputs: str, benchmark: Any) -> Any:  # type: ignore[misc]
             """``PersistentCache.lookup`` (torch/_inductor/codecache.py), the choices described
-            (:class:`ChoiceLog`) and written with the timings it records, else after it."""
+            (:class:`ChoiceLog`) and written with the timings it records, else after it; a
+            miss (torch benchmarks) recorded with its factors."""
+            benchmark = noted(self, op, inputs, None, benchmark)
             return described_lookup(lambda: original(self, choices=choices, op=op, inputs=inputs, benchmark=benchmark),
                                     choices)
 

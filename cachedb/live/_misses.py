@@ -207,3 +207,47 @@ def wrap_aot_cache_key(store: LiveStore, original: Any) -> Any:
             raise
 
     return autograd_cache_key
+
+
+# -- autotune timings ------------------------------------------------------------------------
+
+
+def noting_timing_miss(live: LiveStore, cache: Any, op: str, inputs: str, hint_override: int | None,
+                       benchmark: Any) -> Any:
+    """``benchmark`` as ``PersistentCache.lookup`` (torch/_inductor/codecache.py) is given it:
+    torch calls it only when the timing of one of the choices is not stored (``check_cache``
+    fails), so the call is the miss. The function returned first records that miss
+    (:func:`note_timing_miss`), then benchmarks as torch's own does; a lookup that hits never
+    calls it and costs nothing more."""
+
+    def benchmark_noted(choices: Any) -> Any:
+        live.safely("autotune timings miss record", None,
+                    lambda: note_timing_miss(live, cache, choices, op, inputs, hint_override))
+        return benchmark(choices)
+
+    return benchmark_noted
+
+
+def note_timing_miss(live: LiveStore, cache: Any, choices: Any, op: str, inputs: str,
+                     hint_override: int | None) -> None:
+    """Record one autotune timings miss (kind ``timings``) with its factors
+    (:func:`cachedb.keys.factors.timing_factors`): ``no_entry`` where the database holds no
+    timing of that op, inputs key and precision, ``new_choices`` where it does but not of every
+    choice asked for."""
+    import torch
+
+    from ..keys.factors import system_words, timing_factors, timing_key
+
+    system = getattr(cache, "system", None) or {}
+    system_hash = str(system.get("hash", ""))
+    device = (system.get("device") or {}).get("name")
+    version = system.get("version") or {}
+    precision = torch.get_float32_matmul_precision()
+    inputs_key = f"{inputs}_{hint_override}" if hint_override is not None else inputs
+    stored = live.load_inputs_key(system_hash, op, inputs_key)
+    outcome = "new_choices" if stored and precision in stored else "no_entry"
+    named = [(str(c.hash_key()), getattr(c, "name", None)) for c in choices]
+    factors = timing_factors(system_hash, system_words(system_hash, device, version.get("cuda"), version.get("hip")),
+                             op, inputs, hint_override, precision, [(h, n if isinstance(n, str) else None)
+                                                                   for h, n in named])
+    live.record_miss("timings", timing_key(system_hash, op, inputs, hint_override, precision), outcome, factors)

@@ -287,14 +287,16 @@ class GuardedEntries(StoreBase):
     def record_miss(self, kind: str, key: str, outcome: str, factors: list[Factor], *, reason: str = "") -> None:
         """Add one miss to the database's miss log (``cache_misses``, the newest
         ``CACHEDB_MISS_LOG`` kept; 0: nothing recorded), through the write-behind queue where
-        there is one. Never raises (one warning)."""
+        there is one, with the time of the call (what a later write compares against). Never
+        raises (one warning)."""
         keep = int(settings.value_or_default("CACHEDB_MISS_LOG"))
         if keep <= 0:
             return
+        missed_at = utcnow()
 
         def write() -> None:
             with self.db.write() as repos:
-                repos.misses.add(kind, key, outcome, factors, reason=reason, keep=keep)
+                repos.misses.add(kind, key, outcome, factors, reason=reason, keep=keep, missed_at=missed_at)
 
         def job() -> None:
             self.safely("miss record", None, write)

@@ -27,6 +27,9 @@ if TYPE_CHECKING:
 
 #: Miss outcomes: no variant of the key, variants whose guards all failed, torch's bypass.
 OUTCOMES = ("no_entry", "guards_failed", "bypass")
+#: Miss outcomes of autotune timings lookups (kind ``timings``): no timing of the op, inputs
+#: and precision, or timings but not of every choice asked for.
+TIMINGS_OUTCOMES = ("no_entry", "new_choices")
 
 #: ``{factor: (hash, value)}``: a key's factors as :mod:`cachedb.keys.factors` compares them.
 Factors = dict[str, tuple[str, str]]
@@ -146,13 +149,14 @@ class MissLogRepository:
         self.session = session
 
     def add(self, kind: str, key: str, outcome: str, factors: Sequence[Factor], *, reason: str = "",
-            keep: int = 1000) -> None:
-        """Record one miss (its factors through :meth:`KeyFactorRepository.ids`), then drop
-        all but the newest ``keep`` rows."""
+            keep: int = 1000, missed_at: Any = None) -> None:
+        """Record one miss (its factors through :meth:`KeyFactorRepository.ids`) at
+        ``missed_at`` (a timezone-aware datetime; default: now), then drop all but the newest
+        ``keep`` rows."""
         ids = KeyFactorRepository(self.session).ids(factors) if factors else []
         self.session.execute(insert(_M).values(kind=kind, key=key[:128], outcome=outcome[:16], reason=reason[:300],
                                                factor_ids=id_text(ids),
-                                               missed_at=utcnow()))
+                                               missed_at=missed_at or utcnow()))
         newest = self.session.execute(select(func.max(_M.c.id))).scalar_one()
         if newest is not None and newest > keep:
             self.session.execute(delete(_M).where(_M.c.id <= newest - keep))

@@ -434,3 +434,33 @@ def per_inputs_key(
         key = persistent_cache_inputs_key(inputs, hint)
         out.setdefault(key, {}).setdefault(precision, {})[choice] = ms
     return out
+
+
+def lookup_groups(session: Session | Connection, ops: Iterable[str] | None = None) -> list[dict[str, Any]]:
+    """Every stored timings lookup (one ``autotune_keys`` row: fingerprint, op, inputs,
+    hint_override, precision), of ``ops`` where given: ``{"system_hash", "device_name",
+    "cuda_version", "hip_version", "op", "inputs", "hint_override", "precision", "choices"}``,
+    ``choices`` being ``(choice_hash, name or None, first recorded at)`` per choice, oldest
+    first (``name`` from ``autotune_choices``). What ``cachedb misses`` explains a timings miss
+    against."""
+    _C = tables.autotune_choices
+    stmt = (
+        select(_K.c.id, _F.c.system_hash, _F.c.device_name, _F.c.cuda_version, _F.c.hip_version, _K.c.op,
+               _K.c.inputs, _K.c.hint_override, _K.c.precision, _RT.c.choice_hash, _C.c.name,
+               func.min(_R.c.recorded_at).label("at"))
+        .select_from(_K.join(_F, _F.c.id == _K.c.fingerprint_id).join(_R, _R.c.key_id == _K.c.id)
+                     .join(_RT, _RT.c.run_id == _R.c.id).outerjoin(_C, _C.c.choice_hash == _RT.c.choice_hash))
+        .group_by(_K.c.id, _F.c.system_hash, _F.c.device_name, _F.c.cuda_version, _F.c.hip_version, _K.c.op,
+                  _K.c.inputs, _K.c.hint_override, _K.c.precision, _RT.c.choice_hash, _C.c.name)
+        .order_by(_K.c.id, "at")
+    )
+    if ops is not None:
+        stmt = stmt.where(_K.c.op.in_(list(ops)))
+    groups: dict[int, dict[str, Any]] = {}
+    for row in session.execute(stmt):
+        group = groups.setdefault(row.id, {
+            "system_hash": row.system_hash, "device_name": row.device_name, "cuda_version": row.cuda_version,
+            "hip_version": row.hip_version, "op": row.op, "inputs": row.inputs, "hint_override": row.hint_override,
+            "precision": row.precision, "choices": []})
+        group["choices"].append((row.choice_hash, row.name, row.at))
+    return list(groups.values())

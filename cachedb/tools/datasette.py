@@ -208,7 +208,8 @@ TABLES: dict[str, dict[str, Any]] = {
     "cache_misses": {
         "description": "The newest lookups that missed (CACHEDB_MISS_LOG, 1000), with the factors of the key "
                        "wanted: what cachedb misses explains.",
-        "columns": {"outcome": "no_entry, guards_failed or bypass", "reason": "torch's bypass reason",
+        "columns": {"outcome": "no_entry, guards_failed, bypass or (timings) new_choices",
+                    "reason": "torch's bypass reason",
                     "factor_ids": "JSON array of key_factors.id of the key wanted"},
     },
     "row_origins": {

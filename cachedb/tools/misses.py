@@ -9,11 +9,14 @@ from typing import Any
 
 from sqlalchemy import select
 
-from ..keys.factors import differences, equal_count
+from ..keys.factors import differences, equal_count, system_words, timing_factors, timing_key
 from ..repositories.factors import KeyFactorRepository, MissLogRepository
+from ..repositories.timings import lookup_groups
 from ..store.tables import guarded_entries as _G
 
 COLUMNS = ("missed_at", "kind", "key", "outcome", "nearest", "differs")
+#: The miss log's kind of an autotune timings lookup (``PersistentCache.lookup``).
+TIMINGS = "timings"
 
 
 def _naive(when: Any) -> Any:
@@ -38,11 +41,18 @@ def explain(session: Any, *, limit: int = 20, kind: str | None = None, against: 
     it holds variants of the key stored before the miss; otherwise the nearest by factors, as
     for ``no_entry``). Against its own database a miss's own key is never the nearest of a
     ``no_entry`` miss (its variant is the one compiled after it); against another it is
-    where that database held the key before the miss, with no factor differing."""
+    where that database held the key before the miss, with no factor differing.
+
+    Autotune timings misses (kind ``timings``: ``PersistentCache.lookup`` benchmarked; outcome
+    ``no_entry``, or ``new_choices`` where the lookup's op, inputs and precision had timings
+    but not of every choice) are explained against the stored timings lookups
+    (:func:`_nearest_timings`); ``key`` and ``nearest`` are
+    :func:`~cachedb.keys.factors.timing_key`'s."""
     misses = MissLogRepository(session).recent(limit, kind)
     entries = session if against is None else against
     factors = KeyFactorRepository(entries)
     stored_by_kind: dict[str, dict[str, tuple[Any, dict[str, tuple[str, str]]]]] = {}
+    timing_groups: list[dict[str, Any]] | None = None
     out = []
     for miss in misses:
         row: dict[str, Any] = {"missed_at": miss["missed_at"], "kind": miss["kind"], "key": miss["key"],
@@ -57,7 +67,11 @@ def explain(session: Any, *, limit: int = 20, kind: str | None = None, against: 
                 row["nearest"] = miss["key"]
                 out.append(row)
                 continue
-        if wanted:
+        if wanted and miss["kind"] == TIMINGS:
+            if timing_groups is None:
+                timing_groups = lookup_groups(entries)
+            _nearest_timings(row, wanted, miss["missed_at"], timing_groups)
+        elif wanted:
             stored = stored_by_kind.get(miss["kind"])
             if stored is None:
                 stored = stored_by_kind[miss["kind"]] = factors.all_of_kind(miss["kind"])
@@ -74,6 +88,32 @@ def explain(session: Any, *, limit: int = 20, kind: str | None = None, against: 
                                   for d in differences(stored[best][1], wanted)]
         out.append(row)
     return out
+
+
+def _nearest_timings(row: dict[str, Any], wanted: dict[str, tuple[str, str]], missed_at: Any,
+                     groups: list[dict[str, Any]]) -> None:
+    """A timings miss (kind :data:`TIMINGS`): the nearest stored lookup is the one whose factors
+    (:func:`~cachedb.keys.factors.timing_factors`, of its choices timed before the miss) most
+    often equal the wanted ones; the factors that differ, less the stored choices the lookup did
+    not ask for (torch needs only those it asks for). Fills ``row["nearest"]`` and
+    ``row["differs"]``."""
+    best: tuple[int, str, dict[str, tuple[str, str]]] | None = None
+    for g in groups:
+        choices = [(h, name) for h, name, at in g["choices"] if _naive(at) <= _naive(missed_at)]
+        if not choices:
+            continue  # timed after this miss
+        words_ = system_words(g["system_hash"], g["device_name"], g["cuda_version"], g["hip_version"])
+        theirs = {f.factor: (f.hash, f.value) for f in timing_factors(
+            g["system_hash"], words_, g["op"], g["inputs"], g["hint_override"], g["precision"], choices)}
+        key = timing_key(g["system_hash"], g["op"], g["inputs"], g["hint_override"], g["precision"])
+        score = equal_count(theirs, wanted)
+        if best is None or score > best[0] or score == best[0] and key < best[1]:
+            best = (score, key, theirs)
+    if best is not None:
+        row["nearest"] = best[1]
+        row["differs"] = [{"factor": d.factor, "stored": d.stored, "wanted": d.wanted}
+                          for d in differences(best[2], wanted)
+                          if not (d.wanted is None and d.factor.startswith("choice["))]
 
 
 def words(differs: list[dict[str, Any]], *, width: int = 60, sep: str = "; ") -> str:

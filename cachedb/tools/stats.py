@@ -12,7 +12,7 @@ from ..repositories.artifacts import KernelArtifactRepository
 from ..repositories.compile_claims import CompileWaitRepository
 from ..repositories.dynamo import LABELS as DYNAMO_LABELS
 from ..repositories.dynamo import table_of
-from ..repositories.factors import OUTCOMES
+from ..repositories.factors import OUTCOMES, TIMINGS_OUTCOMES
 from ..store.tables import DYNAMO_TABLES
 from ..store.models import (
     AUTOTUNE_TIMINGS,
@@ -146,13 +146,18 @@ def misses(session: Session) -> dict[tuple[str, str], int]:
     """``{(kind, outcome): lookups}`` of the miss log (``cache_misses``: the newest
     ``CACHEDB_MISS_LOG`` lookups that missed, so these fall as older misses leave it), every
     outcome of :data:`~cachedb.repositories.factors.OUTCOMES` for ``fxgraph`` (the kind
-    logged) and for each kind logged, 0 where none missed so."""
+    logged) and for each kind logged (``timings``: those of ``TIMINGS_OUTCOMES``), 0 where
+    none missed so."""
     m = CacheMiss
     counted = {(str(kind), str(outcome)): int(n) for kind, outcome, n in session.execute(
         select(m.kind, m.outcome, func.count()).group_by(m.kind, m.outcome))}
     kinds = sorted({"fxgraph"} | {kind for kind, _ in counted})
-    outcomes = list(OUTCOMES) + sorted({o for _, o in counted} - set(OUTCOMES))
-    return {(kind, outcome): counted.get((kind, outcome), 0) for kind in kinds for outcome in outcomes}
+    out = {}
+    for kind in kinds:
+        known = TIMINGS_OUTCOMES if kind == "timings" else OUTCOMES
+        for outcome in list(known) + sorted({o for k, o in counted if k == kind} - set(known)):
+            out[(kind, outcome)] = counted.get((kind, outcome), 0)
+    return out
 
 
 #: The metrics of :func:`prometheus`: ``(name, row column, help)``, one sample per stats row.
@@ -204,6 +209,6 @@ def prometheus(session: Session) -> str:
     family("cachedb_compiles_avoided", "Compiles of FX graph and AOTAutograd entries a process did not run, having "
            "waited for another process's.", [({"kind": r["kind"].split(":", 1)[1]}, r["entries"]) for r in avoided])
     family("cachedb_misses", "Lookups that missed in the miss log (the newest CACHEDB_MISS_LOG), by outcome: "
-           "no_entry, guards_failed, bypass.",
+           "no_entry, guards_failed, bypass, new_choices (timings).",
            [({"kind": kind, "outcome": outcome}, n) for (kind, outcome), n in misses(session).items()])
     return "\n".join(lines) + "\n"
