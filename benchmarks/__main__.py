@@ -76,8 +76,8 @@ ORDER = ["warm_start", "timings", "best_configs", "guarded", "import", "concurre
 #: (§10 reads §1's samples where it runs the same workloads, on the GPU; in another lane it
 #: measures its own baseline.)
 QUICK_LANES = [
-    ["warm_start", "timings", "best_configs", "guarded", "import", "concurrency", "disk", "gpt2"],
-    ["fleet", "startup", "pgo", "herd", "singleflight", "ddp"],
+    ["warm_start", "timings", "best_configs", "guarded", "import", "concurrency", "disk", "startup", "gpt2"],
+    ["fleet", "pgo", "herd", "singleflight", "ddp"],
 ]
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
@@ -102,6 +102,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="stem of the files written (default: cpu, gpu, or cpu-<sections> for a partial CPU run)")
     parser.add_argument("--scratch", type=Path, default=None, help="parent of the scratch directory (default: $TMPDIR)")
     parser.add_argument("--keep-scratch", action="store_true", help="do not delete the scratch directory")
+    parser.add_argument("--quick-root", type=Path, default=None, help=argparse.SUPPRESS)  # a lane: its parent's scratch
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                         help="§1 warm start and §10 Dynamo: CPU workloads, or the GPU workloads on a CUDA machine")
@@ -177,7 +178,8 @@ def _run_lanes(args: argparse.Namespace, lanes: list[list[str]], scratch: Path, 
     for i, lane in enumerate(lanes):
         out = scratch / f"lane-{i}"
         cmd = [sys.executable, "-m", "benchmarks", "--quick", "--jobs", "1", "--only", ",".join(lane), "--out",
-               str(out), "--name", "lane", "--scratch", str(scratch), "--device", args.device, "--nproc", str(args.nproc)]
+               str(out), "--name", "lane", "--scratch", str(scratch), "--quick-root", str(scratch), "--device", args.device,
+               "--nproc", str(args.nproc)]
         cmd += ["--quiet"] if args.quiet else []
         ctx.log(f"lane {i + 1}/{len(lanes)}: {', '.join(lane)}")
         procs.append((lane, out, subprocess.Popen(cmd, cwd=Path(__file__).resolve().parent.parent,
@@ -203,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"unknown section(s): {', '.join(unknown)}; known: {', '.join(ORDER)}", file=sys.stderr)
         return 2
     scratch = Path(tempfile.mkdtemp(prefix="cachedb-bench-", dir=args.scratch))
-    ctx = Context(quick=args.quick, scratch=scratch, verbose=not args.quiet, device=args.device, nproc=args.nproc)
+    ctx = Context(quick=args.quick, scratch=scratch, verbose=not args.quiet, device=args.device, nproc=args.nproc,
+                  quick_root=args.quick_root)
     installed_bytecode = _installed_bytecode()  # first: it may move every module's bytecode
     bytecode = _compile_bytecode()
     load_start = _loadavg()

@@ -35,6 +35,10 @@ class Context:
     nproc: int = 0
     shared: dict[str, Any] = field(default_factory=dict)
     started: float = field(default_factory=time.perf_counter)
+    #: A quick run's directory for what all its lanes share (the parent's scratch directory:
+    #: the children's machine and the vector-ISA probes, each built once per run); ``None``:
+    #: this context's own scratch directory.
+    quick_root: Path | None = None
 
     def log(self, msg: str) -> None:
         if self.verbose:
@@ -50,10 +54,11 @@ class Context:
         directory (``default_cache_dir()``: C++ precompiled headers, ~10 s to build on 2 cores).
         A full run gives a new empty one (a fresh machine); a quick run, which only checks that
         each section runs and writes its rows, gives every child the same one, so the headers
-        are built once per run."""
+        are built once per run (torch's own lock, ``_HEADER_LOCK_DIR``, serializes lanes that
+        need them at once)."""
         if not self.quick:
             return self.tmpdir(prefix)
-        shared = self.scratch / "quick-machine"
+        shared = (self.quick_root or self.scratch) / "quick-machine"
         shared.mkdir(exist_ok=True)
         return shared
 
@@ -72,17 +77,27 @@ class Context:
     def isa_probes(self) -> Path:
         """A cache directory holding only torch's vector-ISA probes for this CPU, built once per
         run by ``cpu_vec_isa.pick_vec_isa()`` in a child process (torch/_inductor/cpu_vec_isa.py,
-        ``VecISA.check_build``: ``<key[1:3]>/<key>.cpp`` and ``.so`` under the cache dir).
-        Raises ``subprocess.CalledProcessError`` when the child fails."""
+        ``VecISA.check_build``: ``<key[1:3]>/<key>.cpp`` and ``.so`` under the cache dir). The
+        lanes of a quick run share one, under :attr:`quick_root`: the first lane that needs it
+        builds it, holding a file lock another lane waits on. Raises
+        ``subprocess.CalledProcessError`` when the child fails."""
         built = self.shared.get("isa_probes")
         if built is not None:
             return Path(built)
-        root = self.tmpdir("isa-probes") / "inductor"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("CACHEDB_")}
-        env.update(TORCHINDUCTOR_CACHE_DIR=str(root), TMPDIR=str(self.machine()))
-        subprocess.run([sys.executable, "-c", "from torch._inductor import cpu_vec_isa; cpu_vec_isa.pick_vec_isa()"],
-                       env=env, check=True, capture_output=True, timeout=600)
-        root.mkdir(parents=True, exist_ok=True)
+        from filelock import FileLock
+
+        base = (self.quick_root or self.scratch) / "isa-probes"
+        base.mkdir(exist_ok=True)
+        root = base / "inductor"
+        with FileLock(base / "build.lock"):
+            if not (base / "built").exists():
+                env = {k: v for k, v in os.environ.items() if not k.startswith("CACHEDB_")}
+                env.update(TORCHINDUCTOR_CACHE_DIR=str(root), TMPDIR=str(self.machine()))
+                subprocess.run([sys.executable, "-c",
+                                "from torch._inductor import cpu_vec_isa; cpu_vec_isa.pick_vec_isa()"],
+                               env=env, check=True, capture_output=True, timeout=600)
+                root.mkdir(parents=True, exist_ok=True)
+                (base / "built").touch()
         self.shared["isa_probes"] = root
         return root
 
