@@ -10,9 +10,9 @@ global it names replaced by an inert stand-in class (:class:`_Inert`): no class 
 the pickle is imported or called, its objects only record the state ``BUILD`` gives them.
 
 Files read from disk (``cachedb import``) keep the opcode walk, which never builds the pickle's
-containers at all. Anything this reader does not take cleanly (an exception, a top-level value
-that is not an object with state) goes to the opcode walk too, so both give the same
-:class:`~cachedb.formats.pickle_scan.EntryFields` for every input.
+containers at all. Anything this reader does not take cleanly (a pickle of protocol 0 or 1, an
+exception, a top-level value that is not an object with state) goes to the opcode walk too, so
+both give the same :class:`~cachedb.formats.pickle_scan.EntryFields` for every input.
 """
 
 from __future__ import annotations
@@ -90,6 +90,10 @@ def read_own_entry_fields(data: bytes, *, where: str = "<payload>") -> EntryFiel
     Raises :class:`~cachedb.PickleScanError` (from the opcode walk) when ``data`` is not a
     complete, well-formed pickle.
     """
+    if data[:1] != b"\x80" or data[1:2] < b"\x02":
+        # Not protocol 2 or later (torch writes 4 or 5): protocols 0 and 1 name most of their
+        # arguments on text lines, which the C unpickler parses more leniently than the walk.
+        return read_entry_fields(data, where=where)
     try:
         top = _InertUnpickler(data).load()
     except Exception:
