@@ -29,6 +29,7 @@ from cachedb.live import _artifacts
 from cachedb.live._remote import RemoteTier
 from cachedb.live._store import LiveStore
 
+from ._realcache import seeded
 from .conftest import PG_URL
 
 
@@ -73,10 +74,12 @@ def _rows_of(location: str, sql: str) -> list[tuple]:
 def _run_machine(db: Path, cache_dir: Path, remote: str, *extra: str,
                  keys: dict[str, str] | None = None) -> tuple[dict, str]:
     """``cachedb --db DB run --remote URL -- python examples/build_cache.py CACHE_DIR --json``
-    (``keys``: the ``CACHEDB_*`` trust variables it runs with; no others are passed on)."""
+    (``keys``: the ``CACHEDB_*`` trust variables it runs with; no others are passed on). The
+    cache dir starts with torch's ISA probes (``seeded``): what is checked is what the tiers
+    serve, not an empty directory."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("CACHEDB_")}
     env.update(keys or {})
-    env["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir)
+    env["TORCHINDUCTOR_CACHE_DIR"] = seeded(cache_dir)
     proc = subprocess.run(
         [sys.executable, "-m", "cachedb", "--db", str(db), "run", "--remote", remote, *extra, "--",
          sys.executable, str(BUILDER), str(cache_dir), "--json"],
