@@ -166,6 +166,56 @@ def _workload_tiny(torch: Any) -> dict[str, Any]:
     return {"ok": bool(torch.allclose(torch.compile(_tiny)(x), _tiny(x), atol=1e-4, rtol=1e-4))}
 
 
+#: The factories of the seams of cachedb's misses (cachedb/live/_misses.py): each is given the
+#: torch function it wraps last, and returns the function installed in its place.
+MISS_SEAMS = ("wrap_prepare_key", "wrap_load_with_key", "wrap_aot_debug_lines", "wrap_aot_lookup",
+              "wrap_aot_try_load", "wrap_aot_cache_key")
+
+
+def _time_miss_seams(spent: dict[str, float]) -> None:
+    """Have each seam cachedb installs to record misses and key factors add, to
+    ``spent["s"]``, the seconds it takes less those of the torch function it calls (what the
+    feature costs a process; ``spent["calls"]``: its calls). Done before cachedb installs its
+    seams: the factories of :data:`MISS_SEAMS` are wrapped."""
+    import functools
+
+    from cachedb.live import _misses
+
+    def timed_factory(factory: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(factory)
+        def make(*args: Any) -> Any:
+            *head, original = args
+            inner_s = [0.0]
+
+            @functools.wraps(original)
+            def inner(*a: Any, **k: Any) -> Any:
+                t0 = time.perf_counter()
+                try:
+                    return original(*a, **k)
+                finally:
+                    inner_s[0] += time.perf_counter() - t0
+
+            wrapper = factory(*head, inner)
+
+            @functools.wraps(wrapper)
+            def outer(*a: Any, **k: Any) -> Any:
+                t0, before = time.perf_counter(), inner_s[0]
+                try:
+                    return wrapper(*a, **k)
+                finally:
+                    spent["s"] += time.perf_counter() - t0 - (inner_s[0] - before)
+                    spent["calls"] += 1
+
+            return outer
+
+        return make
+
+    for name in MISS_SEAMS:
+        factory = getattr(_misses, name, None)
+        if factory is not None:
+            setattr(_misses, name, timed_factory(factory))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("mode", choices=["files", "mega", "cachedb", "cachedb-cold"])
@@ -242,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     seconds["import_workloads"] = time.perf_counter() - t
 
     scope: AbstractContextManager[Any] = nullcontext()
+    miss_seams = {"s": 0.0, "calls": 0}
     t = time.perf_counter()
     if args.mode == "mega":
         info = torch.compiler.load_cache_artifacts(Path(args.mega).read_bytes())
@@ -251,6 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         import cachedb
 
         seconds["import_cachedb"] = time.perf_counter() - t
+        _time_miss_seams(miss_seams)
         t = time.perf_counter()
         if args.cachedb_via == "export" and args.mode == "cachedb":
             from cachedb.layout.exporter import export_cache_dir
@@ -302,6 +354,8 @@ def main(argv: list[str] | None = None) -> int:
                 "first_call_s": round(sum(seconds[name] for name in args.models.split(",")), 4),
                 "seconds": {k: round(v, 4) for k, v in seconds.items()},
                 "cpp_build_s": round(cpp["s"], 4),
+                "miss_seams_s": round(miss_seams["s"], 6),
+                "miss_seam_calls": int(miss_seams["calls"]),
                 "cpp_builds": cpp["n"],
                 "counters": flat,
                 "remote_counts": remote_counts,
