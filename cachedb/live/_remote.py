@@ -87,6 +87,8 @@ RETRY_AFTER_S = 30.0
 DEFAULT_MAX_PENDING = 4096
 #: Entries per remote write transaction.
 PUSH_BATCH = 64
+#: Tries of one remote write whose insert meets a row another host inserted meanwhile.
+WRITE_CONFLICT_TRIES = 4
 #: Remote ``key_factors`` rows a process remembers (by id, and by ``(factor, hash)``); past it
 #: the memory starts afresh.
 FACTOR_MEMORY = 200_000
@@ -767,12 +769,17 @@ class RemoteTier:
                     added += sync.store(conn, bundle, factor_ids=ids)  # type: ignore[arg-type]
             return added
 
-        try:
-            added = self._run(deadline, write, for_write=True)
-        except IntegrityError:
-            # another host wrote the same entry (or factor) meanwhile (unique key): once more,
-            # and the second run sees what is there
-            added = self._run(deadline, write, for_write=True)
+        for attempt in range(1, WRITE_CONFLICT_TRIES + 1):
+            try:
+                added = self._run(deadline, write, for_write=True)
+                break
+            except IntegrityError:
+                # another host wrote the same entry (or factor) between this try's read and its
+                # insert (unique key): again, and the next try sees what is there; two hosts
+                # pushing the same batches can meet more than once
+                if attempt == WRITE_CONFLICT_TRIES:
+                    raise
+                self.counts["retries"] += 1
         if staged:  # committed: remember the remote's ids of the factors sent
             ids = staged[0]
             self._remember_factors({ids[(f.factor, f.hash)]: f for bundle in bundles for f in bundle.factors
