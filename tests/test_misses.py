@@ -193,7 +193,7 @@ def test_table_output_in_words(run) -> None:
 
 
 def _timing(report: dict[str, dict], step: str) -> dict:
-    (miss,) = report[step]["misses"]
+    miss = _only(report, step)
     assert miss["kind"] == "timings"
     return miss
 

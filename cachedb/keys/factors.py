@@ -155,8 +155,8 @@ def _short(text: str) -> str:
 
 def system_words(system_hash: str, device_name: str | None = None, cuda_version: str | None = None,
                  hip_version: str | None = None) -> str:
-    """A system hash in words: ``NVIDIA H100 80GB HBM3 / CUDA 12.8`` (the device and its
-    toolkit where the system has a GPU), else ``no GPU``; its first 12 characters after."""
+    """A system hash in words: ``NVIDIA H100 80GB HBM3 / CUDA 12.8 (#<hash[:12]>)``, the device
+    and its toolkit where the system has a GPU, else ``no GPU (#<hash[:12]>)``."""
     parts = [device_name or "no GPU"]
     if cuda_version:
         parts.append(f"CUDA {cuda_version}")
@@ -166,14 +166,14 @@ def system_words(system_hash: str, device_name: str | None = None, cuda_version:
 
 
 def timing_key(system_hash: str, op: str, inputs: str, hint_override: int | None, precision: str) -> str:
-    """cachedb's key of one autotune timings lookup, ``<op>:<digest>`` (at most 90 characters):
+    """cachedb's key of one autotune timings lookup, ``<op>:<digest>`` (at most 81 characters):
     torch's own is the path ``local_cache[op][inputs key][precision]`` of the system's
     ``cache/<system hash>`` document (``PersistentCache.lookup``, torch/_inductor/codecache.py)."""
-    return f"{op[:64]}:{_digest(chr(0).join([system_hash, op, inputs, repr(hint_override), precision]))[:24]}"
+    return f"{op[:64]}:{_digest(chr(0).join([system_hash, op, inputs, repr(hint_override), precision]))}"
 
 
 def timing_factors(system_hash: str, system_value: str, op: str, inputs: str, hint_override: int | None,
-                   precision: str, choices: Iterable[tuple[str, str | None]]) -> list[Factor]:
+                   precision: str, choices: Iterable[tuple[str, str | None]] = ()) -> list[Factor]:
     """The factors of an autotune timings lookup, what ``PersistentCache.lookup``
     (torch/_inductor/codecache.py, torch 2.9 to 2.15) looks up: the document of the system
     (``system``: ``CacheBase.get_system()["hash"]``, in words :func:`system_words`), then
@@ -198,7 +198,11 @@ def timing_factors(system_hash: str, system_value: str, op: str, inputs: str, hi
     if hint_override is not None:
         out.append(Factor("hint_override", _digest(str(hint_override)), str(hint_override)))
     out.append(Factor("precision", _digest(precision), _short(precision)))
-    for choice_hash, name in choices:
-        out.append(Factor(f"choice[{choice_hash[:NAME_CHARS - 8]}]"[:NAME_CHARS], _digest(choice_hash),
-                          _short(name or choice_hash)))
+    out += [choice_factor(choice_hash, name) for choice_hash, name in choices]
     return out
+
+
+def choice_factor(choice_hash: str, name: str | None) -> Factor:
+    """The factor ``choice[<hash>]`` of one autotune choice (``ChoiceCaller.hash_key()``), its
+    ``name`` as the value where known."""
+    return Factor(f"choice[{choice_hash[:NAME_CHARS - 8]}]", _digest(choice_hash), _short(name or choice_hash))

@@ -236,6 +236,7 @@ def note_timing_miss(live: LiveStore, cache: Any, choices: Any, op: str, inputs:
     choice asked for."""
     import torch
 
+    from ..keys import persistent_cache_inputs_key
     from ..keys.factors import system_words, timing_factors, timing_key
 
     system = getattr(cache, "system", None) or {}
@@ -243,11 +244,9 @@ def note_timing_miss(live: LiveStore, cache: Any, choices: Any, op: str, inputs:
     device = (system.get("device") or {}).get("name")
     version = system.get("version") or {}
     precision = torch.get_float32_matmul_precision()
-    inputs_key = f"{inputs}_{hint_override}" if hint_override is not None else inputs
-    stored = live.load_inputs_key(system_hash, op, inputs_key)
+    stored = live.load_inputs_key(system_hash, op, persistent_cache_inputs_key(inputs, hint_override))
     outcome = "new_choices" if stored and precision in stored else "no_entry"
-    named = [(str(c.hash_key()), getattr(c, "name", None)) for c in choices]
+    named = [(str(c.hash_key()), n if isinstance(n := getattr(c, "name", None), str) else None) for c in choices]
     factors = timing_factors(system_hash, system_words(system_hash, device, version.get("cuda"), version.get("hip")),
-                             op, inputs, hint_override, precision, [(h, n if isinstance(n, str) else None)
-                                                                   for h, n in named])
+                             op, inputs, hint_override, precision, named)
     live.record_miss("timings", timing_key(system_hash, op, inputs, hint_override, precision), outcome, factors)

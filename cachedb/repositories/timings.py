@@ -436,9 +436,9 @@ def per_inputs_key(
     return out
 
 
-def lookup_groups(session: Session | Connection, ops: Iterable[str] | None = None) -> list[dict[str, Any]]:
+def lookup_groups(session: Session | Connection) -> list[dict[str, Any]]:
     """Every stored timings lookup (one ``autotune_keys`` row: fingerprint, op, inputs,
-    hint_override, precision), of ``ops`` where given: ``{"system_hash", "device_name",
+    hint_override, precision): ``{"system_hash", "device_name",
     "cuda_version", "hip_version", "op", "inputs", "hint_override", "precision", "choices"}``,
     ``choices`` being ``(choice_hash, name or None, first recorded at)`` per choice, oldest
     first (``name`` from ``autotune_choices``). What ``cachedb misses`` explains a timings miss
@@ -454,8 +454,6 @@ def lookup_groups(session: Session | Connection, ops: Iterable[str] | None = Non
                   _K.c.inputs, _K.c.hint_override, _K.c.precision, _RT.c.choice_hash, _C.c.name)
         .order_by(_K.c.id, "at")
     )
-    if ops is not None:
-        stmt = stmt.where(_K.c.op.in_(list(ops)))
     groups: dict[int, dict[str, Any]] = {}
     for row in session.execute(stmt):
         group = groups.setdefault(row.id, {

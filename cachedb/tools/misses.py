@@ -9,7 +9,7 @@ from typing import Any
 
 from sqlalchemy import select
 
-from ..keys.factors import differences, equal_count, system_words, timing_factors, timing_key
+from ..keys.factors import choice_factor, differences, equal_count, system_words, timing_factors, timing_key
 from ..repositories.factors import KeyFactorRepository, MissLogRepository
 from ..repositories.timings import lookup_groups
 from ..store.tables import guarded_entries as _G
@@ -52,7 +52,7 @@ def explain(session: Any, *, limit: int = 20, kind: str | None = None, against: 
     entries = session if against is None else against
     factors = KeyFactorRepository(entries)
     stored_by_kind: dict[str, dict[str, tuple[Any, dict[str, tuple[str, str]]]]] = {}
-    timing_groups: list[dict[str, Any]] | None = None
+    timing_groups: list[tuple[dict[str, Any], str, dict[str, tuple[str, str]]]] | None = None
     out = []
     for miss in misses:
         row: dict[str, Any] = {"missed_at": miss["missed_at"], "kind": miss["kind"], "key": miss["key"],
@@ -68,8 +68,14 @@ def explain(session: Any, *, limit: int = 20, kind: str | None = None, against: 
                 out.append(row)
                 continue
         if wanted and miss["kind"] == TIMINGS:
-            if timing_groups is None:
-                timing_groups = lookup_groups(entries)
+            if timing_groups is None:  # each stored lookup's key and factors but its choices, once
+                timing_groups = [(g, timing_key(g["system_hash"], g["op"], g["inputs"], g["hint_override"],
+                                                g["precision"]),
+                                  {f.factor: (f.hash, f.value) for f in timing_factors(
+                                      g["system_hash"], system_words(g["system_hash"], g["device_name"],
+                                                                     g["cuda_version"], g["hip_version"]),
+                                      g["op"], g["inputs"], g["hint_override"], g["precision"])})
+                                 for g in lookup_groups(entries)]
             _nearest_timings(row, wanted, miss["missed_at"], timing_groups)
         elif wanted:
             stored = stored_by_kind.get(miss["kind"])
@@ -91,21 +97,18 @@ def explain(session: Any, *, limit: int = 20, kind: str | None = None, against: 
 
 
 def _nearest_timings(row: dict[str, Any], wanted: dict[str, tuple[str, str]], missed_at: Any,
-                     groups: list[dict[str, Any]]) -> None:
-    """A timings miss (kind :data:`TIMINGS`): the nearest stored lookup is the one whose factors
-    (:func:`~cachedb.keys.factors.timing_factors`, of its choices timed before the miss) most
-    often equal the wanted ones; the factors that differ, less the stored choices the lookup did
-    not ask for (torch needs only those it asks for). Fills ``row["nearest"]`` and
-    ``row["differs"]``."""
+                     groups: list[tuple[dict[str, Any], str, dict[str, tuple[str, str]]]]) -> None:
+    """A timings miss (kind :data:`TIMINGS`): the nearest stored lookup (``groups``: each
+    :func:`~cachedb.repositories.timings.lookup_groups` row with its key and its factors but
+    the choices) is the one whose factors, with its choices timed before the miss, most often
+    equal the wanted ones; the factors that differ, less the stored choices the lookup did not
+    ask for (torch needs only those it asks for). Fills ``row["nearest"]`` and ``row["differs"]``."""
     best: tuple[int, str, dict[str, tuple[str, str]]] | None = None
-    for g in groups:
-        choices = [(h, name) for h, name, at in g["choices"] if _naive(at) <= _naive(missed_at)]
+    for g, key, base in groups:
+        choices = [choice_factor(h, name) for h, name, at in g["choices"] if _naive(at) <= _naive(missed_at)]
         if not choices:
             continue  # timed after this miss
-        words_ = system_words(g["system_hash"], g["device_name"], g["cuda_version"], g["hip_version"])
-        theirs = {f.factor: (f.hash, f.value) for f in timing_factors(
-            g["system_hash"], words_, g["op"], g["inputs"], g["hint_override"], g["precision"], choices)}
-        key = timing_key(g["system_hash"], g["op"], g["inputs"], g["hint_override"], g["precision"])
+        theirs = {**base, **{f.factor: (f.hash, f.value) for f in choices}}
         score = equal_count(theirs, wanted)
         if best is None or score > best[0] or score == best[0] and key < best[1]:
             best = (score, key, theirs)
