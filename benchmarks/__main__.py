@@ -90,6 +90,14 @@ def _loadavg() -> float | None:
         return None
 
 
+def _cpu_seconds() -> float:
+    """User + system CPU seconds of this process and of the children it has waited for."""
+    import resource
+
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="smallest sizes, one repetition (CI smoke test)")
@@ -225,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
             run: Callable[[Context], SectionResult] = module.run  # type: ignore[attr-defined]
             ctx.log(f"== {name}: {module.TITLE}")  # type: ignore[attr-defined]
             t0 = time.perf_counter()
+            cpu0 = _cpu_seconds()
             load_before = _loadavg()
             try:
                 res = run(ctx)
@@ -232,6 +241,7 @@ def main(argv: list[str] | None = None) -> int:
                 traceback.print_exc()
                 res = SectionResult(name, module.TITLE, error=f"{type(exc).__name__}: {exc}")  # type: ignore[attr-defined]
             res.seconds = time.perf_counter() - t0
+            res.cpu_seconds = _cpu_seconds() - cpu0
             res.load_average = (load_before, _loadavg())
             results[name] = res
             ctx.log(f"== {name} done in {res.seconds:.1f}s")

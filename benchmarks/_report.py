@@ -65,6 +65,8 @@ class SectionResult:
     notes: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
+    #: CPU seconds (user + system) of the section's process and the children it waited for.
+    cpu_seconds: float | None = None
     error: str | None = None
     #: 1-minute load average before and after the section (other processes skew timings).
     load_average: tuple[float | None, float | None] = (None, None)
@@ -73,6 +75,7 @@ class SectionResult:
         return {
             "title": self.title,
             "seconds": round(self.seconds, 2),
+            "cpu_seconds": None if self.cpu_seconds is None else round(self.cpu_seconds, 2),
             "load_average_1min": list(self.load_average),
             "rows": [r.to_json() for r in self.rows],
             "notes": self.notes,
@@ -225,7 +228,8 @@ def markdown(results: list[SectionResult], meta: dict[str, Any]) -> str:
         if not res.notes:
             continue
         lo, hi = res.load_average
-        lines.append(f"**{res.name}** — {res.title} ({res.seconds:.0f} s; load average {lo} → {hi})")
+        cpu = "" if res.cpu_seconds is None else f", {res.cpu_seconds:.0f} CPU-s"
+        lines.append(f"**{res.name}** — {res.title} ({res.seconds:.0f} s{cpu}; load average {lo} → {hi})")
         lines.append("")
         lines.extend(f"- {note}" for note in res.notes)
         lines.append("")
@@ -264,7 +268,8 @@ def load_sections(doc: dict[str, Any]) -> list[SectionResult]:
     out = []
     for name, sec in doc.get("sections", {}).items():
         res = SectionResult(name, sec["title"], notes=list(sec.get("notes", [])), extra=sec.get("extra", {}),
-                            seconds=sec.get("seconds", 0.0), error=sec.get("error"),
+                            seconds=sec.get("seconds", 0.0), cpu_seconds=sec.get("cpu_seconds"),
+                            error=sec.get("error"),
                             load_average=tuple(sec.get("load_average_1min") or (None, None)))  # type: ignore[arg-type]
         res.rows = [Row(r["case"], _dist(r["cachedb"]), _dist(r["baseline"]), r.get("baseline_name", ""),
                         r.get("target", ""), r.get("met"), r.get("note", "")) for r in sec.get("rows", [])]
