@@ -132,12 +132,13 @@ def _cpu_flags() -> str:
 
 
 @functools.cache
-def cpp_host_key() -> str:
-    """SHA-256 hex digest (64 characters) of what decides whether a C++ kernel library built
-    here loads and runs correctly elsewhere: the C++ compiler and its version
-    (``torch._inductor.cpp_builder.get_cpp_compiler`` / ``get_compiler_version_info``), the
-    CPU's feature flags (the libraries are built with ``-march=native``), the machine, the
-    torch version and the Python version. Computed once per process (runs ``<compiler> -v``)."""
+def cpp_host_parts() -> dict[str, str]:
+    """What :func:`cpp_host_key` hashes, by name: ``compiler`` (its file name), ``compiler_version``
+    (``torch._inductor.cpp_builder.get_cpp_compiler`` / ``get_compiler_version_info``),
+    ``cpu_flags`` (``/proc/cpuinfo``'s, sorted, space-separated), ``machine``, ``torch`` and
+    ``python`` (``3.11``). Computed once per process (runs ``<compiler> -v``).
+
+    Raises :class:`~cachedb.TorchUnavailableError` where torch is not importable."""
     try:
         import torch
         from torch._inductor.cpp_builder import get_compiler_version_info, get_cpp_compiler
@@ -145,7 +146,7 @@ def cpp_host_key() -> str:
         raise TorchUnavailableError(f"the C++ host key needs torch: {exc}") from exc
 
     compiler = get_cpp_compiler()
-    parts = {
+    return {
         "compiler": os.path.basename(compiler),
         "compiler_version": get_compiler_version_info(compiler),
         "cpu_flags": _cpu_flags(),
@@ -153,4 +154,15 @@ def cpp_host_key() -> str:
         "torch": torch.__version__,
         "python": f"{sys.version_info[0]}.{sys.version_info[1]}",
     }
-    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode("utf-8")).hexdigest()
+
+
+@functools.cache
+def cpp_host_key() -> str:
+    """SHA-256 hex digest (64 characters) of what decides whether a C++ kernel library built
+    here loads and runs correctly elsewhere (:func:`cpp_host_parts`, as sorted JSON): the C++
+    compiler and its version, the CPU's feature flags (the libraries are built with
+    ``-march=native``), the machine, the torch version and the Python version. Computed once
+    per process.
+
+    Raises :class:`~cachedb.TorchUnavailableError` where torch is not importable."""
+    return hashlib.sha256(json.dumps(cpp_host_parts(), sort_keys=True).encode("utf-8")).hexdigest()

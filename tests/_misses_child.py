@@ -12,7 +12,9 @@ shared tier (machine A of ``cachedb misses --remote``), flushed before the repor
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
+import os
 import sys
 from unittest import mock
 
@@ -48,11 +50,12 @@ def step(name, fn, *args, dynamic=False, patch=contextlib.nullcontext):
     with patch():
         torch.compile(fn, dynamic=dynamic)(*args)
     active_store().flush()
-    res = CliRunner().invoke(main, ["--db", db_path, "misses", "-n", "1", "--format", "json"])
-    assert res.exit_code == 0, res.output
-    aot = CliRunner().invoke(main, ["--db", db_path, "misses", "-n", "1", "--kind", "aotautograd", "--format", "json"])
-    assert aot.exit_code == 0, aot.output
-    report.append({"step": name, "misses": json.loads(res.stdout), "aot": json.loads(aot.stdout)})
+    found = {}
+    for kind in ("fxgraph", "aotautograd", "cpp"):
+        res = CliRunner().invoke(main, ["--db", db_path, "misses", "-n", "1", "--kind", kind, "--format", "json"])
+        assert res.exit_code == 0, res.output
+        found[kind] = json.loads(res.stdout)
+    report.append({"step": name, "misses": found["fxgraph"], "aot": found["aotautograd"], "cpp": found["cpp"]})
 
 
 report: list[dict] = []
@@ -78,6 +81,30 @@ step("system", f, torch.randn(64),
      patch=lambda: mock.patch.object(codecache.CacheBase, "get_system", staticmethod(lambda: other_system)))
 # torch will not cache a graph compiled with freezing on: its AOTAutograd cache bypasses it
 step("aot_bypass", f, torch.randn(64), patch=lambda: torch._inductor.config.patch(freezing=True))
+
+
+# C++ kernel libraries: the first step's graph (an FX graph hit) on another host, one with
+# another compiler version and CPU flags (what cachedb's host key of a library hashes), its
+# library files gone from the cache dir as on a fresh machine of that host.
+def another_host():
+    from cachedb.fingerprint import cpp_host_parts
+    from cachedb.live import _cpp_cache
+
+    parts = cpp_host_parts()
+    other = {**parts, "compiler_version": "gcc version 99.1.0 (another host)",
+             "cpu_flags": " ".join(f for f in parts["cpu_flags"].split() if not f.startswith("avx512")) + " amx_tile"}
+    for lib in glob.glob(os.path.join(torch._inductor.runtime.cache_dir_utils.cache_dir(), "*", "*.so")):
+        os.unlink(lib)
+    for cache in (codecache.CppCodeCache, codecache.CppPythonBindingsCodeCache, codecache.CppWrapperCodeCache):
+        cache.cache_clear()  # each keeps its own loaded libraries
+    codecache.PyCodeCache.cache_clear(purge=True)
+    stack = contextlib.ExitStack()
+    stack.enter_context(mock.patch.object(_cpp_cache, "host_key", lambda: "0" * 64))
+    stack.enter_context(mock.patch.object(_cpp_cache, "cpp_host_parts", lambda: other))
+    return stack
+
+
+step("cpp_host", f, torch.randn(64), patch=another_host)
 
 
 # Autotune timings: torch's own PersistentCache.lookup (what select_algorithm asks for a GEMM's

@@ -143,8 +143,8 @@ def test_a_functorch_config_names_the_aotautograd_factor_alone(run) -> None:
     """functorch's ``activation_memory_budget`` is in the AOTAutograd key, not the FX graphs':
     they hit, and the one miss names the config (torch hashes functorch's config as one pickle;
     cachedb lists it per name)."""
-    (miss,) = run[0]["aot_config"]["misses"]
-    assert miss == _aot(run[0], "aot_config")
+    assert run[0]["aot_config"]["misses"] == run[0]["hit"]["misses"]  # no FX graph miss since
+    miss = _aot(run[0], "aot_config")
     assert miss["nearest"] == _aot(run[0], "base")["key"]
     assert miss["differs"] == [{"factor": "autograd_config.activation_memory_budget", "stored": "1.0", "wanted": "0.5"}]
 
@@ -190,6 +190,39 @@ def test_table_output_in_words(run) -> None:
     assert res.exit_code == 0, res.output
     assert "inductor_config.max_autotune_pointwise: False -> True" in res.stdout
     assert "example_inputs[0]: float32[64] -> float64[64]" in res.stdout
+
+
+def _library(report: dict[str, dict], step: str) -> dict:
+    (miss,) = report[step]["cpp"]
+    assert (miss["kind"], miss["outcome"]) == ("cpp", "no_entry")
+    return miss
+
+
+def test_a_new_graph_s_library_differs_from_the_nearest_in_source_alone(run) -> None:
+    """Each step that compiles a new graph compiles its C++ kernel library: a miss whose
+    nearest library (another graph's, this host's) differs in its source alone."""
+    base, dtype = _library(run[0], "base"), _library(run[0], "dtype")
+    assert base["key"] != dtype["key"]
+    assert dtype["nearest"].split("@")[0] != dtype["key"]
+    assert _factors(dtype) == ["source"] and dtype["differs"][0]["wanted"] == dtype["key"]
+
+
+def test_a_library_stored_for_another_host_names_the_host_factors_that_differ(run) -> None:
+    """The first step's graph again (an FX graph hit) on a host with another compiler version
+    and other CPU flags, its library files gone: the library is stored, but for the first host;
+    the miss names the host key, the compiler version and the CPU flags, in words."""
+    miss = _library(run[0], "cpp_host")
+    base = _library(run[0], "base")
+    assert miss["key"] == base["key"] and miss["nearest"].startswith(base["key"] + "@")
+    assert _factors(miss) == ["host", "host.compiler_version", "host.cpu_flags"]
+    by = {d["factor"]: d for d in miss["differs"]}
+    assert by["host.compiler_version"]["wanted"] == "gcc version 99.1.0 (another host)"
+    assert "version" in by["host.compiler_version"]["stored"]
+    assert "amx_tile" in by["host.cpu_flags"]["wanted"] and "amx_tile" not in by["host.cpu_flags"]["stored"]
+    res = CliRunner().invoke(main, ["--db", str(run[1]), "misses", "--kind", "cpp", "-n", "1"],
+                             env={"COLUMNS": "400"})
+    assert res.exit_code == 0, res.output
+    assert "host.compiler_version: " in res.stdout and "-> gcc version 99.1.0 (another host)" in res.stdout
 
 
 def _timing(report: dict[str, dict], step: str) -> dict:
@@ -275,11 +308,18 @@ def test_factors_stored_compactly_and_cleared_with_their_entries(run, tmp_path: 
         # one per key compiled (the guard step's second variant shares its key's; the freezing
         # step's graph has FX graph factors, its AOTAutograd bypass none); ~600 factors a key,
         # nearly all shared, by the AOTAutograd keys too (the same Inductor config)
-        assert entries == {"fxgraph": 10, "aotautograd": 10} and shared < 2 * 600
+        # and one per C++ host its libraries were stored for: this one and the other host's
+        assert entries == {"fxgraph": 10, "aotautograd": 10, "cpp_host": 2} and shared < 2 * 600
         assert {"float32[64]", "float64[64]", "float32[32]"} <= dtypes
         with db.transaction() as repos:
             repos.guarded.clear("fxgraph")
             repos.guarded.clear("aotautograd")
+        with db.engine.connect() as conn:  # a host's factors stay while it has libraries
+            assert dict(conn.execute(text("SELECT kind, count(*) FROM entry_factors GROUP BY kind")).all()) == {
+                "cpp_host": 2}
+        with db.transaction() as repos:
+            repos.artifacts.evict(max_bytes=0)
+            repos.key_factors.delete_orphans()
         with db.engine.connect() as conn:
             assert conn.execute(text("SELECT count(*) FROM entry_factors")).scalar_one() == 0
     finally:
@@ -302,6 +342,8 @@ def _without_entries(source: Path, target: Path) -> Path:
             repos.guarded.clear("aotautograd")
             for table in ("autotune_run_timings", "autotune_runs", "autotune_keys"):
                 repos.session.execute(text(f"DELETE FROM {table}"))
+            repos.artifacts.evict(max_bytes=0)
+            repos.key_factors.delete_orphans()
     finally:
         db.close()
     return target
@@ -332,6 +374,9 @@ def test_misses_against_the_shared_tier(run, module_pg_url: str, tmp_path: Path)
     guard = shared[("fxgraph", _only(report, "guard")["key"])]  # A holds variants of the key: their guards failed
     assert guard["nearest"] == guard["key"] and "6 <= " in guard["guards"][0]
     shape = shared[("timings", _timing(report, "t_shape")["key"])]  # A's timings went to the shared tier
+    # A's C++ libraries went there too (by host key; their host's factors stay in A's file)
+    library = shared[("cpp", _library(report, "dtype")["key"])]
+    assert library["nearest"].split("@")[0] == _library(report, "base")["key"] and _factors(library) == ["source"]
     assert shape["nearest"] == _timing(report, "t_base")["key"] and _factors(shape) == ["inputs[0]"]
     # every entry A wrote took its factors to the shared tier
     remote = CacheDB(module_pg_url, upgrade=False)
@@ -366,7 +411,8 @@ def test_copy_and_merge_carry_factors(run, pg_url: str, tmp_path: Path) -> None:
     want = _all_factors(str(run[1]))
     assert len(want) == 20
     report = copy_database(run[1], pg_url)
-    assert report.tables["entry_factors"].added == 20 and report.tables["key_factors"].added > 600
+    # and the factors of the two C++ hosts of its libraries
+    assert report.tables["entry_factors"].added == 22 and report.tables["key_factors"].added > 600
     assert _all_factors(pg_url) == want
     back = tmp_path / "back.db"
     copy_database(pg_url, back)
@@ -377,7 +423,7 @@ def test_copy_and_merge_carry_factors(run, pg_url: str, tmp_path: Path) -> None:
         repos.guarded.put("fxgraph", "fown", b"\x80\x04N.", guards_expr=None)
         repos.key_factors.put("fxgraph", "fown", [Factor("gm", "hown", "own code")])
     merged = merge_databases([run[1]], other)
-    assert merged.tables["entry_factors"].added == 20
+    assert merged.tables["entry_factors"].added == 22
     assert _all_factors(str(other)) == {**want, ("fxgraph", "fown"): {"gm": ("hown", "own code")}}
     again = merge_databases([run[1]], other)
     assert (again.tables["entry_factors"].added, again.tables["key_factors"].added) == (0, 0)

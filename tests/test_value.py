@@ -210,6 +210,7 @@ def test_stats_prometheus_parses_and_counts_per_kind_and_fingerprint(db: CacheDB
         for key, outcome in (("m1", "no_entry"), ("m2", "no_entry"), ("m3", "guards_failed")):
             repos.misses.add("fxgraph", key, outcome, [Factor("gm", "g" * 16, "x")])
         repos.misses.add("timings", "mm:t1", "new_choices", [Factor("op", "o" * 16, "mm")])
+        repos.misses.add("cpp", "ck", "no_entry", [Factor("source", "s" * 16, "ck")])
     exposed = cli("--db", db.where, "stats", "--format", "prometheus")
     assert exposed.exit_code == 0, exposed.output
     assert all(line.startswith(("# HELP cachedb_", "# TYPE cachedb_", "cachedb_")) for line in exposed.stdout.splitlines())
@@ -238,7 +239,7 @@ def test_stats_prometheus_parses_and_counts_per_kind_and_fingerprint(db: CacheDB
     assert samples("cachedb_compiles_avoided") == {("fxgraph",): 1}
     assert samples("cachedb_misses") == {("fxgraph", "no_entry"): 2, ("fxgraph", "guards_failed"): 1,
                                          ("fxgraph", "bypass"): 0, ("timings", "no_entry"): 0,
-                                         ("timings", "new_choices"): 1}
+                                         ("timings", "new_choices"): 1, ("cpp", "no_entry"): 1}
     assert (by_kind["total"]["hits"], by_kind["total"]["seconds_saved"]) == (6, 7.0)
 
 

@@ -206,3 +206,50 @@ def choice_factor(choice_hash: str, name: str | None) -> Factor:
     """The factor ``choice[<hash>]`` of one autotune choice (``ChoiceCaller.hash_key()``), its
     ``name`` as the value where known."""
     return Factor(f"choice[{choice_hash[:NAME_CHARS - 8]}]", _digest(choice_hash), _short(name or choice_hash))
+
+
+# -- C++ kernel libraries --------------------------------------------------------------------
+
+#: The ``entry_factors`` kind of a C++ host's factors (keyed by its host key): what a stored
+#: library's host was, for the misses of another host.
+CPP_HOST = "cpp_host"
+
+#: The version line of ``<compiler> -v`` (torch's ``get_compiler_version_info`` joins its lines
+#: with ``_``): ``gcc version 12.2.0 (Debian 12.2.0-14+deb12u1)``, ``clang version 18.1.8``.
+_COMPILER_VERSION = re.compile(r"(?:^|_)([^_\n]*?\bversion \d[^_\n]*)")
+
+
+def _compiler_words(text: str) -> str:
+    """The line of ``<compiler> -v`` that names its version, else the text folded."""
+    found = _COMPILER_VERSION.findall(text)
+    return _short(found[-1].strip() if found else text)
+
+
+def _flags_words(flags: str) -> str:
+    words = flags.split()
+    return _short(f"{len(words)} flags: {' '.join(w for w in words if w.startswith(('avx', 'amx', 'sve', 'neon')))}")
+
+
+def cpp_host_factors(host_key: str, parts: Mapping[str, str] | None) -> list[Factor]:
+    """The factors of the host a C++ kernel library is stored under: ``host`` (its host key,
+    :func:`cachedb.fingerprint.cpp_host_key`) and, where ``parts`` (what that key hashes,
+    :func:`cachedb.fingerprint.cpp_host_parts`) are known, ``host.<part>`` for each:
+    ``host.compiler``, ``host.compiler_version`` (in words its version line), ``host.cpu_flags``
+    (in words their count and the vector ones: ``avx2``, ``avx512f``, ...), ``host.machine``,
+    ``host.torch``, ``host.python``. Hashes: SHA-256 of each part's text (torch hashes the
+    library's command line, which says ``-march=native`` and no version)."""
+    out = [Factor("host", host_key[:HASH_CHARS], f"#{host_key[:12]}")]
+    for name, text in sorted((parts or {}).items()):
+        text = str(text)
+        value = (_compiler_words(text) if name == "compiler_version" else
+                 _flags_words(text) if name == "cpu_flags" else _short(text))
+        out.append(Factor(f"host.{name}"[:NAME_CHARS], _digest(text), value))
+    return out
+
+
+def cpp_library_factors(key: str, host_key: str, parts: Mapping[str, str] | None) -> list[Factor]:
+    """The factors of a C++ kernel library lookup: ``source`` (torch's key of the library,
+    ``CppCodeCache.load_async``'s ``code_hash`` of its source and compiler command line,
+    torch/_inductor/codecache.py; or an ISA probe's, ``VecISA.check_build``) and the host's
+    (:func:`cpp_host_factors`)."""
+    return [Factor("source", _digest(key), _short(key)), *cpp_host_factors(host_key, parts)]

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 
 from ..fleet import tier_sync as sync
 from .._errors import CorruptBlobError
+from ..keys.factors import CPP_HOST, Factor
 from ..store.tables import utcnow
 from ._store import LiveStore
 
@@ -53,6 +54,8 @@ class KernelArtifacts:
         self._hits: dict[tuple[str, str, str], tuple[int, object]] = {}
         self._lock = threading.Lock()
         self._atexit = False
+        #: Host keys whose factors this process has stored (or found stored).
+        self._hosts_written: set[str] = set()
 
     def _served(self) -> bool:
         """False when the database is not trusted: a kernel binary is code, like a pickle
@@ -176,13 +179,19 @@ class KernelArtifacts:
 
     # -- writes ------------------------------------------------------------------------------
 
-    def put_files(self, kind: str, key: str, files: Sequence[tuple[str, bytes]], *, host_key: str = "") -> None:
-        """Store the files of one key directory in one transaction (dropped on failure)."""
+    def put_files(self, kind: str, key: str, files: Sequence[tuple[str, bytes]], *, host_key: str = "",
+                  host_factors: Sequence[Factor] = ()) -> None:
+        """Store the files of one key directory in one transaction (dropped on failure), and
+        with the first of this process the factors of its host (``host_factors``, kind
+        :data:`~cachedb.keys.factors.CPP_HOST`; kept where the host has some)."""
 
         def write() -> None:
             with self.live.db.write() as repos:
                 fp_id = self.live._fingerprint_id(repos)
                 n = repos.artifacts.put_files(kind, key, files, host_key=host_key, fingerprint_id=fp_id)
+                if host_factors and host_key not in self._hosts_written:
+                    repos.key_factors.put(CPP_HOST, host_key, host_factors)
+                    self._hosts_written.add(host_key)
                 self._take_hits(repos)
             log.debug("%s kernel write %s: %d file(s), %d new", kind, key, len(files), n)
             return True

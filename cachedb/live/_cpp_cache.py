@@ -51,6 +51,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..fingerprint import cpp_host_key as host_key
+from ..fingerprint import cpp_host_parts
+from ..keys.factors import cpp_host_factors, cpp_library_factors
 from . import _artifacts
 
 log = logging.getLogger("cachedb.live")
@@ -234,9 +236,12 @@ def wrap_build(original: Callable[..., Any]) -> Callable[..., Any]:
                 _build_pending_headers()
             return original(self)
         store, host, directory, key, name = found
-        if not os.path.exists(target) and store.materialize_file(KIND, key, name, directory, host_key=host):
-            if os.path.exists(target):
+        parts = None
+        if not os.path.exists(target):
+            if store.materialize_file(KIND, key, name, directory, host_key=host) and os.path.exists(target):
                 return None
+            parts = store.live.safely("C++ host parts", None, cpp_host_parts)
+            store.live.record_miss(KIND, key, "no_entry", cpp_library_factors(key, host, parts))
         _build_pending_headers()
         result = original(self)
 
@@ -246,7 +251,10 @@ def wrap_build(original: Callable[..., Any]) -> Callable[..., Any]:
 
         data = store.live.safely("C++ library read", None, read)
         if data is not None:
-            store.put_files(KIND, key, [(name, data)], host_key=host)
+            if parts is None:
+                parts = store.live.safely("C++ host parts", None, cpp_host_parts)
+            store.put_files(KIND, key, [(name, data)], host_key=host,
+                            host_factors=cpp_host_factors(host, parts) if parts else ())
         return result
 
     return build

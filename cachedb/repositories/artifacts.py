@@ -248,6 +248,14 @@ class KernelArtifactRepository:
                 chosen[(key, name)] = host
         return chosen
 
+    def stored_keys(self, kind: str) -> list[tuple[str, str, Any]]:
+        """``(key, host key, first stored at)`` of every stored key of ``kind`` (metadata only:
+        what ``cachedb misses`` compares a kernel miss with), oldest first."""
+        rows = self.session.execute(
+            select(_A.c.key, _A.c.host_key, func.min(_A.c.created_at)).where(_A.c.kind == kind)
+            .group_by(_A.c.key, _A.c.host_key).order_by(func.min(_A.c.created_at)))
+        return [(key, host, at) for key, host, at in rows]
+
     def check_blobs(self) -> Iterator[tuple[str, str]]:
         """``(sha256, reason)`` of every blob whose frame does not decompress to bytes of its
         size and SHA-256 (``cachedb verify``: the content is hashed, whatever the format)."""

@@ -12,10 +12,11 @@ import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import and_, delete, exists, func, insert, select, tuple_
+from sqlalchemy import and_, delete, exists, func, insert, or_, select, tuple_
 
-from ..keys.factors import Factor
+from ..keys.factors import CPP_HOST, Factor
 from ..store.tables import cache_misses as _M
+from ..store.tables import kernel_artifacts as _A
 from ..store.tables import entry_factors as _E
 from ..store.tables import guarded_entries as _G
 from ..store.tables import key_factors as _F
@@ -30,6 +31,10 @@ OUTCOMES = ("no_entry", "guards_failed", "bypass")
 #: Miss outcomes of autotune timings lookups (kind ``timings``): no timing of the op, inputs
 #: and precision, or timings but not of every choice asked for.
 TIMINGS_OUTCOMES = ("no_entry", "new_choices")
+#: The miss outcome of a C++ kernel library (kind ``cpp``): not stored for this host.
+KERNEL_OUTCOMES = ("no_entry",)
+#: The outcomes of each kind logged that has its own (every other kind: :data:`OUTCOMES`).
+OUTCOMES_OF = {"timings": TIMINGS_OUTCOMES, "cpp": KERNEL_OUTCOMES}
 
 #: ``{factor: (hash, value)}``: a key's factors as :mod:`cachedb.keys.factors` compares them.
 Factors = dict[str, tuple[str, str]]
@@ -123,6 +128,12 @@ class KeyFactorRepository:
         text = self.session.execute(select(_E.c.factor_ids).where(_E.c.kind == kind, _E.c.key == key)).scalar()
         return self.resolve([text])[0] if text is not None else {}
 
+    def of_kind(self, kind: str) -> dict[str, Factors]:
+        """``{key: {factor: (hash, value)}}`` of every key of ``kind`` that has factors, stored
+        entry or not (C++ hosts: :data:`~cachedb.keys.factors.CPP_HOST`)."""
+        rows = list(self.session.execute(select(_E.c.key, _E.c.factor_ids).where(_E.c.kind == kind)))
+        return dict(zip((k for k, _ in rows), self.resolve([t for _, t in rows])))
+
     def all_of_kind(self, kind: str) -> dict[str, tuple[Any, Factors]]:
         """``{key: (first stored at, {factor: (hash, value)})}`` of every stored ``kind`` entry
         that has factors (the time: its oldest variant's ``created_at``)."""
@@ -134,9 +145,13 @@ class KeyFactorRepository:
 
     def delete_orphans(self, kind: str | None = None) -> int:
         """Delete the factors of entry keys (of ``kind``, or of every kind) with no stored
-        variant left; returns how many keys' rows went (prune and clear call it). The shared
-        ``key_factors`` rows stay."""
-        stmt = delete(_E).where(~exists().where(and_(_G.c.kind == _E.c.kind, _G.c.key == _E.c.key)))
+        variant left, and those of C++ hosts (kind :data:`~cachedb.keys.factors.CPP_HOST`) with
+        no kernel library left; returns how many keys' rows went (prune and clear call it). The
+        shared ``key_factors`` rows stay."""
+        entry_gone = and_(_E.c.kind != CPP_HOST,
+                          ~exists().where(and_(_G.c.kind == _E.c.kind, _G.c.key == _E.c.key)))
+        host_gone = and_(_E.c.kind == CPP_HOST, ~exists().where(_A.c.host_key == _E.c.key))
+        stmt = delete(_E).where(or_(entry_gone, host_gone))
         if kind is not None:
             stmt = stmt.where(_E.c.kind == kind)
         return int(self.session.execute(stmt).rowcount or 0)

@@ -9,7 +9,17 @@ from typing import Any
 
 from sqlalchemy import select
 
-from ..keys.factors import choice_factor, differences, equal_count, system_words, timing_factors, timing_key
+from ..keys.factors import (
+    CPP_HOST,
+    choice_factor,
+    cpp_library_factors,
+    differences,
+    equal_count,
+    system_words,
+    timing_factors,
+    timing_key,
+)
+from ..repositories.artifacts import KernelArtifactRepository
 from ..repositories.factors import KeyFactorRepository, MissLogRepository
 from ..repositories.timings import lookup_groups
 from ..store.tables import guarded_entries as _G
@@ -17,6 +27,8 @@ from ..store.tables import guarded_entries as _G
 COLUMNS = ("missed_at", "kind", "key", "outcome", "nearest", "differs")
 #: The miss log's kind of an autotune timings lookup (``PersistentCache.lookup``).
 TIMINGS = "timings"
+#: The miss log's kind of a C++ kernel library lookup (``CppCodeCache.load_async``).
+CPP = "cpp"
 
 
 def _naive(when: Any) -> Any:
@@ -47,12 +59,18 @@ def explain(session: Any, *, limit: int = 20, kind: str | None = None, against: 
     ``no_entry``, or ``new_choices`` where the lookup's op, inputs and precision had timings
     but not of every choice) are explained against the stored timings lookups
     (:func:`_nearest_timings`); ``key`` and ``nearest`` are
-    :func:`~cachedb.keys.factors.timing_key`'s."""
+    :func:`~cachedb.keys.factors.timing_key`'s.
+
+    C++ kernel library misses (kind ``cpp``: ``CppCodeCache.load_async`` found no library of
+    that key for this host, outcome ``no_entry``) are explained against the stored libraries
+    (:func:`_nearest_library`): the same library on another host, with the host factors that
+    differ (compiler version, CPU flags, ...), else the nearest other library."""
     misses = MissLogRepository(session).recent(limit, kind)
     entries = session if against is None else against
     factors = KeyFactorRepository(entries)
     stored_by_kind: dict[str, dict[str, tuple[Any, dict[str, tuple[str, str]]]]] = {}
     timing_groups: list[tuple[dict[str, Any], str, dict[str, tuple[str, str]]]] | None = None
+    cpp_stored: list[tuple[str, str, Any, dict[str, tuple[str, str]]]] | None = None
     out = []
     for miss in misses:
         row: dict[str, Any] = {"missed_at": miss["missed_at"], "kind": miss["kind"], "key": miss["key"],
@@ -77,6 +95,13 @@ def explain(session: Any, *, limit: int = 20, kind: str | None = None, against: 
                                       g["op"], g["inputs"], g["hint_override"], g["precision"])})
                                  for g in lookup_groups(entries)]
             _nearest_timings(row, wanted, miss["missed_at"], timing_groups)
+        elif wanted and miss["kind"] == CPP:
+            if cpp_stored is None:  # each stored library's key and host, with the host's factors
+                hosts = factors.of_kind(CPP_HOST)
+                cpp_stored = [(key, host, at, {
+                    **{f.factor: (f.hash, f.value) for f in cpp_library_factors(key, host, None)},
+                    **hosts.get(host, {})}) for key, host, at in KernelArtifactRepository(entries).stored_keys(CPP)]
+            _nearest_library(row, wanted, miss["key"], miss["missed_at"], cpp_stored, own=against is None)
         elif wanted:
             stored = stored_by_kind.get(miss["kind"])
             if stored is None:
@@ -117,6 +142,31 @@ def _nearest_timings(row: dict[str, Any], wanted: dict[str, tuple[str, str]], mi
         row["differs"] = [{"factor": d.factor, "stored": d.stored, "wanted": d.wanted}
                           for d in differences(best[2], wanted)
                           if not (d.wanted is None and d.factor.startswith("choice["))]
+
+
+def _nearest_library(row: dict[str, Any], wanted: dict[str, tuple[str, str]], key: str, missed_at: Any,
+                     stored: list[tuple[str, str, Any, dict[str, tuple[str, str]]]], *, own: bool) -> None:
+    """A C++ kernel library miss (kind :data:`CPP`): the nearest stored library (``stored``:
+    ``(key, host key, first stored at, factors)``, stored before the miss) is the same library
+    where there is one (built on the host whose factors most often equal this one's), else the
+    library whose factors most often equal the wanted ones (its host's: another library of this
+    host differs in ``source`` alone). Against the miss's own database (``own``) the library
+    compiled for the miss is never the nearest. A stored host whose factors that database lacks
+    (the shared tier keeps host keys only) differs in ``host`` alone. Fills ``row["nearest"]``
+    (``<key>@<host key[:12]>``) and ``row["differs"]``."""
+    wanted_host = wanted.get("host", ("", ""))[0]
+    best: tuple[bool, int, str, str, dict[str, tuple[str, str]]] | None = None
+    for k, host, at, theirs in stored:
+        if _naive(at) > _naive(missed_at) or (own and k == key and host[:len(wanted_host)] == wanted_host):
+            continue  # stored after this miss, or the library compiled for it
+        cand = (k == key, equal_count(theirs, wanted), k, host, theirs)
+        if best is None or cand[:2] > best[:2] or cand[:2] == best[:2] and (k, host) < best[2:4]:
+            best = cand
+    if best is not None:
+        row["nearest"] = f"{best[2]}@{best[3][:12]}"
+        row["differs"] = [{"factor": d.factor, "stored": d.stored, "wanted": d.wanted}
+                          for d in differences(best[4], wanted)
+                          if not (d.stored is None and d.factor.startswith("host."))]
 
 
 def words(differs: list[dict[str, Any]], *, width: int = 60, sep: str = "; ") -> str:

@@ -12,7 +12,7 @@ from ..repositories.artifacts import KernelArtifactRepository
 from ..repositories.compile_claims import CompileWaitRepository
 from ..repositories.dynamo import LABELS as DYNAMO_LABELS
 from ..repositories.dynamo import table_of
-from ..repositories.factors import OUTCOMES, TIMINGS_OUTCOMES
+from ..repositories.factors import OUTCOMES, OUTCOMES_OF
 from ..store.tables import DYNAMO_TABLES
 from ..store.models import (
     AUTOTUNE_TIMINGS,
@@ -146,15 +146,15 @@ def misses(session: Session) -> dict[tuple[str, str], int]:
     """``{(kind, outcome): lookups}`` of the miss log (``cache_misses``: the newest
     ``CACHEDB_MISS_LOG`` lookups that missed, so these fall as older misses leave it), every
     outcome of :data:`~cachedb.repositories.factors.OUTCOMES` for ``fxgraph`` (the kind
-    logged) and for each kind logged (``timings``: those of ``TIMINGS_OUTCOMES``), 0 where
-    none missed so."""
+    logged) and for each kind logged (``timings`` and ``cpp``: theirs, ``OUTCOMES_OF``), 0
+    where none missed so."""
     m = CacheMiss
     counted = {(str(kind), str(outcome)): int(n) for kind, outcome, n in session.execute(
         select(m.kind, m.outcome, func.count()).group_by(m.kind, m.outcome))}
     kinds = sorted({"fxgraph"} | {kind for kind, _ in counted})
     out = {}
     for kind in kinds:
-        known = TIMINGS_OUTCOMES if kind == "timings" else OUTCOMES
+        known = OUTCOMES_OF.get(kind, OUTCOMES)
         for outcome in list(known) + sorted({o for k, o in counted if k == kind} - set(known)):
             out[(kind, outcome)] = counted.get((kind, outcome), 0)
     return out
