@@ -8,14 +8,17 @@ import datetime as dt
 import json
 import os
 import pickle
+import platform
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 from sqlalchemy import text
 
 from cachedb import CacheDB
+from cachedb.cli import main
 from cachedb.fleet import tier_sync as sync
 from cachedb.fleet.copy import copy_database, merge_databases
 from cachedb.layout.exporter import export_cache_dir
@@ -546,6 +549,18 @@ def test_a_mixed_fleet_keeps_a_package_per_system_and_hits_on_every_machine(tmp_
         keys = repos.dynamo("precompile").keys()
     assert len(keys) == 4 and len({k.split(".")[0] for k in keys}) == 2 and len({k.split(".")[1] for k in keys}) == 2
     assert all(_cachedb_lines(stderr) == [] for _, stderr in runs.values())
+    # Why B's cold start missed: each function's package is stored for A's system, which differs
+    # in its tag and its Python version alone; A's cold start had nothing near.
+    res = CliRunner().invoke(main, ["--db", db, "misses", "--kind", "precompile", "--format", "json"])
+    assert res.exit_code == 0, res.output
+    misses = json.loads(res.stdout)
+    b_misses, a_misses = misses[:2], misses[2:]  # newest first
+    assert len(a_misses) == 2 and all(m["nearest"] is None for m in a_misses)
+    for miss in b_misses:
+        source = miss["key"].split(".")[0]
+        assert miss["outcome"] == "no_entry" and miss["nearest"] in keys and miss["nearest"].startswith(source + ".")
+        assert [d["factor"] for d in miss["differs"]] == ["system", "system.python_version"]
+        assert miss["differs"][1]["wanted"] == "3.99.0" and miss["differs"][1]["stored"] == platform.python_version()
 
 
 @pytest.mark.slow

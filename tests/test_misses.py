@@ -318,8 +318,7 @@ def test_factors_stored_compactly_and_cleared_with_their_entries(run, tmp_path: 
             assert dict(conn.execute(text("SELECT kind, count(*) FROM entry_factors GROUP BY kind")).all()) == {
                 "cpp_host": 2}
         with db.transaction() as repos:
-            repos.artifacts.evict(max_bytes=0)
-            repos.key_factors.delete_orphans()
+            repos.artifacts.evict(max_bytes=0)  # and its hosts' factors
         with db.engine.connect() as conn:
             assert conn.execute(text("SELECT count(*) FROM entry_factors")).scalar_one() == 0
     finally:
@@ -342,8 +341,7 @@ def _without_entries(source: Path, target: Path) -> Path:
             repos.guarded.clear("aotautograd")
             for table in ("autotune_run_timings", "autotune_runs", "autotune_keys"):
                 repos.session.execute(text(f"DELETE FROM {table}"))
-            repos.artifacts.evict(max_bytes=0)
-            repos.key_factors.delete_orphans()
+            repos.artifacts.evict(max_bytes=0)  # and its hosts' factors
     finally:
         db.close()
     return target

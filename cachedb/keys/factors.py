@@ -253,3 +253,31 @@ def cpp_library_factors(key: str, host_key: str, parts: Mapping[str, str] | None
     torch/_inductor/codecache.py; or an ISA probe's, ``VecISA.check_build``) and the host's
     (:func:`cpp_host_factors`)."""
     return [Factor("source", _digest(key), _short(key)), *cpp_host_factors(host_key, parts)]
+
+
+# -- precompiled Dynamo packages -------------------------------------------------------------
+
+#: The ``entry_factors`` kind of a package system's factors (keyed by its system tag,
+#: :func:`cachedb.keys.package_system_tag`): what a stored package's system was.
+PACKAGE_SYSTEM = "precompile_system"
+
+
+def package_system_factors(tag: str, system_info: Mapping[str, object] | None) -> list[Factor]:
+    """The factors of the system a precompiled Dynamo package is stored for: ``system`` (its
+    tag) and, where ``system_info`` (``dataclasses.asdict(SystemInfo.current())``,
+    torch/_dynamo/package.py: what the tag hashes and what torch's
+    ``SystemInfo.check_compatibility`` compares when it loads a package) is known,
+    ``system.<field>`` for each: ``python_version``, ``torch_version``, ``toolkit_version``,
+    ``triton_version``, ``gpu_name``. Hashes: SHA-256 of each field's ``repr``."""
+    out = [Factor("system", tag[:HASH_CHARS], f"#{tag}")]
+    for name, value in sorted((system_info or {}).items()):
+        out.append(Factor(f"system.{name}"[:NAME_CHARS], _digest(repr(value)), _short(str(value))))
+    return out
+
+
+def package_factors(source_id: str, tag: str, system_info: Mapping[str, object] | None) -> list[Factor]:
+    """The factors of a precompiled package lookup (``DiskDynamoCache.load``,
+    torch/_dynamo/package.py): ``source_id`` (``CompilePackage.source_id_from_fn``: the
+    SHA-256 of the function's qualified name and first line) and its system's
+    (:func:`package_system_factors`)."""
+    return [Factor("source_id", _digest(source_id), _short(source_id)), *package_system_factors(tag, system_info)]

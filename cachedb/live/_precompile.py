@@ -54,7 +54,8 @@ import pickle
 from collections.abc import Callable
 from typing import Any
 
-from ..keys import package_key
+from ..keys import package_key, package_system_tag
+from ..keys.factors import PACKAGE_SYSTEM, package_factors, package_system_factors
 from . import _precompile_fallback
 from ._scopes import route
 from ._store import LiveStore
@@ -76,15 +77,20 @@ def _key_of(path: str) -> str | None:
     return path if path and os.sep not in path and "/" not in path and path not in (".", "..") else None
 
 
-def _system_key(package: Any, source_id: str) -> str:
-    """The database key of ``source_id``'s package on this system
-    (:func:`cachedb.keys.package_key` of ``SystemInfo.current()``, computed once per process)."""
+def _system_info(package: Any) -> dict[str, Any]:
+    """``dataclasses.asdict(SystemInfo.current())`` (torch/_dynamo/package.py), once per process."""
     global _SYSTEM_INFO
     if _SYSTEM_INFO is None:
         import dataclasses
 
         _SYSTEM_INFO = dataclasses.asdict(package.SystemInfo.current())
-    return package_key(source_id, _SYSTEM_INFO)
+    return _SYSTEM_INFO
+
+
+def _system_key(package: Any, source_id: str) -> str:
+    """The database key of ``source_id``'s package on this system
+    (:func:`cachedb.keys.package_key` of ``SystemInfo.current()``, computed once per process)."""
+    return package_key(source_id, _system_info(package))
 
 
 #: This process's ``dataclasses.asdict(SystemInfo.current())`` (torch/_dynamo/package.py).
@@ -158,6 +164,9 @@ def patches(store: LiveStore, package: Any) -> list[tuple[Any, str, Callable[...
         if content is None:
             package.logger.info("No package found for %s", key)
             counters()["dynamo_cache_miss"] += 1
+            info = _system_info(package)
+            served.record_miss("precompile", _system_key(package, key), "no_entry",
+                               package_factors(key, package_system_tag(info), info))
             return None
         try:
             entry = pickle.loads(content)
@@ -182,7 +191,10 @@ def patches(store: LiveStore, package: Any) -> list[tuple[Any, str, Callable[...
         if key is None or served is None:
             original_write(self, pickled_content=pickled_content, path=path)
             return
-        served.dynamo_put("precompile", _system_key(package, key), bytes(pickled_content))
+        info = _system_info(package)
+        tag = package_system_tag(info)
+        served.dynamo_put("precompile", _system_key(package, key), bytes(pickled_content),
+                          factors=(PACKAGE_SYSTEM, tag, package_system_factors(tag, info)))
 
     def clear(self: Any) -> None:
         """``DiskDynamoStore.clear`` (torch/_dynamo/package.py): torch's own, which removes

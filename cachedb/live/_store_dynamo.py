@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 from ..fleet import tier_sync as sync
 from .._errors import CorruptPayloadError
+from ..keys.factors import Factor
 from ..store.payload import pack
 from ..repositories import dynamo as dynamo_repo
 from ._store_base import StoreBase, _Unavailable
@@ -67,10 +69,13 @@ class DynamoCaches(StoreBase):
 
         self.safely(f"{kind} quarantine", None, write)
 
-    def dynamo_put(self, kind: str, key: str, data: bytes) -> bool:
+    def dynamo_put(self, kind: str, key: str, data: bytes, *,
+                   factors: tuple[str, str, Sequence[Factor]] | None = None) -> bool:
         """Store ``data`` (a pickle torch just wrote) as the row of ``key``, replacing the one
         stored (the newer wins: this one, written now), then queue it for the remote tier.
-        Returns whether it was stored. Never raises."""
+        ``factors``: ``(kind, key, factors)`` of ``entry_factors`` to store in the same
+        transaction unless that key has some (a package's system). Returns whether it was
+        stored. Never raises."""
         def write() -> bool:
             db = self.db
             packed = pack(bytes(data))  # before BEGIN IMMEDIATE: the write lock is held for the rows alone
@@ -82,6 +87,8 @@ class DynamoCaches(StoreBase):
             fp_id = self._known_fingerprint_id()
             with db.write() as repos:
                 repos.dynamo(kind).put(key, data, fingerprint_id=fp_id, packed=packed)
+                if factors is not None:
+                    repos.key_factors.put(*factors)
                 self._take_hits(repos)
             self._dynamo_written[(kind, key)] = packed.checksum
             log.debug("%s write %s", kind, key)

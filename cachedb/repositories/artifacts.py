@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import bindparam, delete, exists, func, insert, select, update
 
+from ..keys.factors import CPP_HOST
+from .factors import KeyFactorRepository
 from ..store import prebuilt
 from ..store.bulk import dialect_insert
 from ..store.engine import connection_of
@@ -387,6 +389,7 @@ class KernelArtifactRepository:
         freed = 0
         for start in range(0, len(plan.blob_ids), 500):
             freed += self._drop_orphans(plan.blob_ids[start:start + 500])[1]
+        KeyFactorRepository(self.session).delete_orphans(CPP_HOST)  # hosts left with no library
         return files, freed
 
     def evict(self, *, max_bytes: int | None = None, older_than: dt.datetime | None = None) -> tuple[int, int]:

@@ -50,6 +50,8 @@ from ..store.payload import Packed, pack, unpack
 from ..store.signing import Signer
 from ..store.tables import DYNAMO_TABLES, utcnow
 from ..keys.dynamo_package import package_source_id
+from ..keys.factors import PACKAGE_SYSTEM
+from .factors import KeyFactorRepository
 
 if TYPE_CHECKING:
     from sqlalchemy import Connection
@@ -319,7 +321,13 @@ class DynamoRepository:
             freed += int(self.session.execute(
                 select(func.coalesce(func.sum(func.length(t.c.payload)), 0)).where(t.c.id.in_(chunk))).scalar_one())
             deleted += self.session.execute(delete(t).where(t.c.id.in_(chunk))).rowcount or 0
+        self._drop_system_factors()
         return deleted, freed
+
+    def _drop_system_factors(self) -> None:
+        """Packages only: the factors of the systems no package is stored for any more."""
+        if self.kind == "precompile":
+            KeyFactorRepository(self.session).delete_orphans(PACKAGE_SYSTEM)
 
     def evict(self, *, max_bytes: int | None = None, older_than: dt.datetime | None = None) -> tuple[int, int]:
         """Delete least recently used rows (:meth:`plan_evict`, then :meth:`apply_evict`): every
@@ -332,4 +340,6 @@ class DynamoRepository:
 
     def clear(self) -> int:
         """Delete every row of this kind; returns how many."""
-        return int(self.session.execute(delete(self.table)).rowcount or 0)
+        n = int(self.session.execute(delete(self.table)).rowcount or 0)
+        self._drop_system_factors()
+        return n

@@ -12,10 +12,11 @@ import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import and_, delete, exists, func, insert, or_, select, tuple_
+from sqlalchemy import and_, delete, exists, func, insert, literal, or_, select, tuple_
 
-from ..keys.factors import CPP_HOST, Factor
+from ..keys.factors import CPP_HOST, PACKAGE_SYSTEM, Factor
 from ..store.tables import cache_misses as _M
+from ..store.tables import dynamo_packages as _P
 from ..store.tables import kernel_artifacts as _A
 from ..store.tables import entry_factors as _E
 from ..store.tables import guarded_entries as _G
@@ -31,10 +32,12 @@ OUTCOMES = ("no_entry", "guards_failed", "bypass")
 #: Miss outcomes of autotune timings lookups (kind ``timings``): no timing of the op, inputs
 #: and precision, or timings but not of every choice asked for.
 TIMINGS_OUTCOMES = ("no_entry", "new_choices")
-#: The miss outcome of a C++ kernel library (kind ``cpp``): not stored for this host.
+#: The miss outcome of a C++ kernel library (kind ``cpp``) or a precompiled Dynamo package
+#: (kind ``precompile``): none stored for this host or system.
 KERNEL_OUTCOMES = ("no_entry",)
-#: The outcomes of each kind logged that has its own (every other kind: :data:`OUTCOMES`).
-OUTCOMES_OF = {"timings": TIMINGS_OUTCOMES, "cpp": KERNEL_OUTCOMES}
+#: The outcomes of each kind logged that has its own (every other kind: :data:`OUTCOMES`):
+#: a C++ library or a precompiled package is stored for this host or system, or not.
+OUTCOMES_OF = {"timings": TIMINGS_OUTCOMES, "cpp": KERNEL_OUTCOMES, "precompile": KERNEL_OUTCOMES}
 
 #: ``{factor: (hash, value)}``: a key's factors as :mod:`cachedb.keys.factors` compares them.
 Factors = dict[str, tuple[str, str]]
@@ -145,13 +148,16 @@ class KeyFactorRepository:
 
     def delete_orphans(self, kind: str | None = None) -> int:
         """Delete the factors of entry keys (of ``kind``, or of every kind) with no stored
-        variant left, and those of C++ hosts (kind :data:`~cachedb.keys.factors.CPP_HOST`) with
-        no kernel library left; returns how many keys' rows went (prune and clear call it). The
+        variant left, those of C++ hosts (kind :data:`~cachedb.keys.factors.CPP_HOST`) with
+        no kernel library left and those of package systems (kind
+        :data:`~cachedb.keys.factors.PACKAGE_SYSTEM`) with no precompiled package left; returns how many keys' rows went (prune and clear call it). The
         shared ``key_factors`` rows stay."""
-        entry_gone = and_(_E.c.kind != CPP_HOST,
+        entry_gone = and_(_E.c.kind.not_in((CPP_HOST, PACKAGE_SYSTEM)),
                           ~exists().where(and_(_G.c.kind == _E.c.kind, _G.c.key == _E.c.key)))
         host_gone = and_(_E.c.kind == CPP_HOST, ~exists().where(_A.c.host_key == _E.c.key))
-        stmt = delete(_E).where(or_(entry_gone, host_gone))
+        system_gone = and_(_E.c.kind == PACKAGE_SYSTEM,
+                           ~exists().where(_P.c.key.like(literal("%.") + _E.c.key)))
+        stmt = delete(_E).where(or_(entry_gone, host_gone, system_gone))
         if kind is not None:
             stmt = stmt.where(_E.c.kind == kind)
         return int(self.session.execute(stmt).rowcount or 0)

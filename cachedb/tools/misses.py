@@ -11,10 +11,12 @@ from sqlalchemy import select
 
 from ..keys.factors import (
     CPP_HOST,
+    PACKAGE_SYSTEM,
     choice_factor,
     cpp_library_factors,
     differences,
     equal_count,
+    package_factors,
     system_words,
     timing_factors,
     timing_key,
@@ -22,6 +24,8 @@ from ..keys.factors import (
 from ..repositories.artifacts import KernelArtifactRepository
 from ..repositories.factors import KeyFactorRepository, MissLogRepository
 from ..repositories.timings import lookup_groups
+from ..keys.dynamo_package import SEPARATOR
+from ..store.tables import dynamo_packages as _P
 from ..store.tables import guarded_entries as _G
 
 COLUMNS = ("missed_at", "kind", "key", "outcome", "nearest", "differs")
@@ -29,6 +33,8 @@ COLUMNS = ("missed_at", "kind", "key", "outcome", "nearest", "differs")
 TIMINGS = "timings"
 #: The miss log's kind of a C++ kernel library lookup (``CppCodeCache.load_async``).
 CPP = "cpp"
+#: The miss log's kind of a precompiled Dynamo package lookup (``DiskDynamoCache.load``).
+PRECOMPILE = "precompile"
 
 
 def _naive(when: Any) -> Any:
@@ -64,13 +70,17 @@ def explain(session: Any, *, limit: int = 20, kind: str | None = None, against: 
     C++ kernel library misses (kind ``cpp``: ``CppCodeCache.load_async`` found no library of
     that key for this host, outcome ``no_entry``) are explained against the stored libraries
     (:func:`_nearest_library`): the same library on another host, with the host factors that
-    differ (compiler version, CPU flags, ...), else the nearest other library."""
+    differ (compiler version, CPU flags, ...), else the nearest other library. Precompiled
+    package misses (kind ``precompile``: ``DiskDynamoCache.load`` found no package of the
+    function for this system) likewise: the function's package of another system first, with
+    the ``SystemInfo`` fields that differ (``system.python_version``, ...)."""
     misses = MissLogRepository(session).recent(limit, kind)
     entries = session if against is None else against
     factors = KeyFactorRepository(entries)
     stored_by_kind: dict[str, dict[str, tuple[Any, dict[str, tuple[str, str]]]]] = {}
     timing_groups: list[tuple[dict[str, Any], str, dict[str, tuple[str, str]]]] | None = None
     cpp_stored: list[tuple[str, str, Any, dict[str, tuple[str, str]]]] | None = None
+    packages: list[tuple[str, str, Any, dict[str, tuple[str, str]]]] | None = None
     out = []
     for miss in misses:
         row: dict[str, Any] = {"missed_at": miss["missed_at"], "kind": miss["kind"], "key": miss["key"],
@@ -102,6 +112,17 @@ def explain(session: Any, *, limit: int = 20, kind: str | None = None, against: 
                     **{f.factor: (f.hash, f.value) for f in cpp_library_factors(key, host, None)},
                     **hosts.get(host, {})}) for key, host, at in KernelArtifactRepository(entries).stored_keys(CPP)]
             _nearest_library(row, wanted, miss["key"], miss["missed_at"], cpp_stored, own=against is None)
+        elif wanted and miss["kind"] == PRECOMPILE:
+            if packages is None:  # each stored package's source id and system, with the system's factors
+                systems = factors.of_kind(PACKAGE_SYSTEM)
+                packages = []
+                for key, at in entries.execute(select(_P.c.key, _P.c.created_at)):
+                    source, _, tag = key.partition(SEPARATOR)
+                    theirs = {f.factor: (f.hash, f.value) for f in package_factors(source, tag, None) if tag or
+                              f.factor == "source_id"}
+                    packages.append((source, tag, at, {**theirs, **systems.get(tag, {})}))
+            _nearest_library(row, wanted, miss["key"].partition(SEPARATOR)[0], miss["missed_at"], packages,
+                             own=against is None, host="system")
         elif wanted:
             stored = stored_by_kind.get(miss["kind"])
             if stored is None:
@@ -145,28 +166,33 @@ def _nearest_timings(row: dict[str, Any], wanted: dict[str, tuple[str, str]], mi
 
 
 def _nearest_library(row: dict[str, Any], wanted: dict[str, tuple[str, str]], key: str, missed_at: Any,
-                     stored: list[tuple[str, str, Any, dict[str, tuple[str, str]]]], *, own: bool) -> None:
-    """A C++ kernel library miss (kind :data:`CPP`): the nearest stored library (``stored``:
-    ``(key, host key, first stored at, factors)``, stored before the miss) is the same library
-    where there is one (built on the host whose factors most often equal this one's), else the
-    library whose factors most often equal the wanted ones (its host's: another library of this
-    host differs in ``source`` alone). Against the miss's own database (``own``) the library
-    compiled for the miss is never the nearest. A stored host whose factors that database lacks
-    (the shared tier keeps host keys only) differs in ``host`` alone. Fills ``row["nearest"]``
-    (``<key>@<host key[:12]>``) and ``row["differs"]``."""
-    wanted_host = wanted.get("host", ("", ""))[0]
+                     stored: list[tuple[str, str, Any, dict[str, tuple[str, str]]]], *, own: bool,
+                     host: str = "host") -> None:
+    """A miss of an artifact stored per host or system: a C++ kernel library (kind :data:`CPP`,
+    ``host`` ``"host"``: the host key) or a precompiled package (kind :data:`PRECOMPILE`,
+    ``host`` ``"system"``: the system tag). The nearest stored one (``stored``: ``(key, host,
+    first stored at, factors)``, stored before the miss) is one of the same ``key`` where there
+    is one (of the host whose factors most often equal this one's), else the one whose factors
+    most often equal the wanted ones (another library of this host differs in ``source`` alone).
+    Against the miss's own database (``own``) the one stored for the miss is never the nearest.
+    A stored host whose parts that database lacks (the shared tier keeps host keys only; a
+    package imported from torch's files has no system) differs in ``host`` alone. Fills
+    ``row["nearest"]`` (a library: ``<key>@<host key[:12]>``; a package: its database key,
+    ``<source id>.<system tag>``) and ``row["differs"]``."""
+    wanted_host = wanted.get(host, ("", ""))[0]
     best: tuple[bool, int, str, str, dict[str, tuple[str, str]]] | None = None
-    for k, host, at, theirs in stored:
-        if _naive(at) > _naive(missed_at) or (own and k == key and host[:len(wanted_host)] == wanted_host):
-            continue  # stored after this miss, or the library compiled for it
-        cand = (k == key, equal_count(theirs, wanted), k, host, theirs)
-        if best is None or cand[:2] > best[:2] or cand[:2] == best[:2] and (k, host) < best[2:4]:
+    for k, h, at, theirs in stored:
+        if _naive(at) > _naive(missed_at) or (own and k == key and h and h[:len(wanted_host)] == wanted_host):
+            continue  # stored after this miss, or the one stored for it
+        cand = (k == key, equal_count(theirs, wanted), k, h, theirs)
+        if best is None or cand[:2] > best[:2] or cand[:2] == best[:2] and (k, h) < best[2:4]:
             best = cand
     if best is not None:
-        row["nearest"] = f"{best[2]}@{best[3][:12]}"
+        k, h = best[2], best[3]
+        row["nearest"] = (k + SEPARATOR + h if h else k) if host == "system" else f"{k}@{h[:12]}"
         row["differs"] = [{"factor": d.factor, "stored": d.stored, "wanted": d.wanted}
                           for d in differences(best[4], wanted)
-                          if not (d.stored is None and d.factor.startswith("host."))]
+                          if not (d.stored is None and d.factor.startswith(host + "."))]
 
 
 def words(differs: list[dict[str, Any]], *, width: int = 60, sep: str = "; ") -> str:
