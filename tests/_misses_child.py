@@ -142,6 +142,37 @@ timing_step("t_choice", MM_64, choices=("aten", "cpp", "triton"))
 timing_step("t_precision", MM_64, precision="high")
 timing_step("t_system", MM_64,
             patch=lambda: mock.patch.object(codecache.CacheBase, "get_system", staticmethod(lambda: other_system)))
+
+# Best configs: torch's own AutotuneCache (what a Triton kernel's CachingAutotuner asks for its
+# best config) of two kernels' files, with candidate configs of their own (no GPU needed).
+from torch._inductor.runtime.autotune_cache import AutotuneCache  # noqa: E402
+from torch._inductor.runtime.triton_compat import Config  # noqa: E402
+
+META = {"autotune_local_cache": True}
+CONFIGS = [Config({"XBLOCK": 64}, num_warps=4, num_stages=1), Config({"XBLOCK": 128}, num_warps=4, num_stages=1)]
+KERNEL_A = os.path.join(torch._inductor.runtime.cache_dir_utils.cache_dir(), "ka", "ckaernel0a.py")
+KERNEL_B = os.path.join(torch._inductor.runtime.cache_dir_utils.cache_dir(), "kb", "ckbernel0b.py")
+
+
+def best_config_step(name, filename, configs_hash, save=False, patch=contextlib.nullcontext):
+    with patch():
+        cache = AutotuneCache.create(META, filename, configs_hash)
+        found = cache.read_best(META, CONFIGS)
+        if save:
+            cache.save(CONFIGS[1], 5_000_000)
+    active_store().flush()
+    res = CliRunner().invoke(main, ["--db", db_path, "misses", "-n", "1", "--kind", "best_config", "--format", "json"])
+    assert res.exit_code == 0, res.output
+    report.append({"step": name, "misses": json.loads(res.stdout), "aot": [],
+                   "found": None if found is None else found.kwargs})
+
+
+best_config_step("b_base", KERNEL_A, "h1" * 32, save=True)
+best_config_step("b_hit", KERNEL_A, "h1" * 32)
+best_config_step("b_configs", KERNEL_A, "h2" * 32)
+best_config_step("b_torch_key", KERNEL_A, "h1" * 32,
+                 patch=lambda: mock.patch.object(codecache, "torch_key", lambda: b"another torch"))
+best_config_step("b_kernel", KERNEL_B, "h1" * 32)
 active_store().flush_hits()
 if active_store().remote is not None:
     assert active_store().remote.flush(60)

@@ -225,6 +225,32 @@ def test_a_library_stored_for_another_host_names_the_host_factors_that_differ(ru
     assert "host.compiler_version: " in res.stdout and "-> gcc version 99.1.0 (another host)" in res.stdout
 
 
+def _best(report: dict[str, dict], step: str) -> dict:
+    miss = _only(report, step)
+    assert miss["kind"] == "best_config"
+    return miss
+
+
+def test_best_config_misses_name_their_factor(run) -> None:
+    """torch's own ``AutotuneCache`` of a kernel: the first lookup has nothing near; the best
+    config it saved then hits (no miss); other candidate configs find it stored for the old
+    ones (``configs_changed``, nearest its own key); another torch key and another kernel each
+    name their factor alone."""
+    report = run[0]
+    base = _best(report, "b_base")
+    assert (base["outcome"], base["nearest"], base["differs"]) == ("no_entry", None, [])
+    assert report["b_hit"]["misses"] == report["b_base"]["misses"] and report["b_hit"]["found"] == {"XBLOCK": 128}
+    changed = _best(report, "b_configs")
+    assert (changed["outcome"], changed["key"], changed["nearest"]) == ("configs_changed", base["key"], base["key"])
+    assert changed["differs"] == [{"factor": "configs_hash", "stored": "h1" * 32, "wanted": "h2" * 32}]
+    other_torch = _best(report, "b_torch_key")
+    assert other_torch["key"] != base["key"] and other_torch["nearest"] == base["key"]
+    assert _factors(other_torch) == ["torch_key"]
+    kernel = _best(report, "b_kernel")
+    assert kernel["nearest"] == base["key"]
+    assert kernel["differs"] == [{"factor": "kernel", "stored": "ckaernel0a.py", "wanted": "ckbernel0b.py"}]
+
+
 def _timing(report: dict[str, dict], step: str) -> dict:
     miss = _only(report, step)
     assert miss["kind"] == "timings"
@@ -309,16 +335,18 @@ def test_factors_stored_compactly_and_cleared_with_their_entries(run, tmp_path: 
         # step's graph has FX graph factors, its AOTAutograd bypass none); ~600 factors a key,
         # nearly all shared, by the AOTAutograd keys too (the same Inductor config)
         # and one per C++ host its libraries were stored for: this one and the other host's
-        assert entries == {"fxgraph": 10, "aotautograd": 10, "cpp_host": 2} and shared < 2 * 600
+        assert entries == {"fxgraph": 10, "aotautograd": 10, "cpp_host": 2, "best_config": 1} and shared < 2 * 600
         assert {"float32[64]", "float64[64]", "float32[32]"} <= dtypes
         with db.transaction() as repos:
             repos.guarded.clear("fxgraph")
             repos.guarded.clear("aotautograd")
         with db.engine.connect() as conn:  # a host's factors stay while it has libraries
             assert dict(conn.execute(text("SELECT kind, count(*) FROM entry_factors GROUP BY kind")).all()) == {
-                "cpp_host": 2}
+                "cpp_host": 2, "best_config": 1}
         with db.transaction() as repos:
             repos.artifacts.evict(max_bytes=0)  # and its hosts' factors
+            repos.session.execute(text("DELETE FROM best_configs"))
+            repos.key_factors.delete_orphans()
         with db.engine.connect() as conn:
             assert conn.execute(text("SELECT count(*) FROM entry_factors")).scalar_one() == 0
     finally:
@@ -327,7 +355,7 @@ def test_factors_stored_compactly_and_cleared_with_their_entries(run, tmp_path: 
     assert res.exit_code == 0, res.output
     # no stored entry has factors left (a guard miss names its own key, whose guards failed)
     assert all(m["nearest"] is None for m in json.loads(res.stdout)
-               if m["outcome"] != "guards_failed" and m["kind"] != "timings")
+               if m["outcome"] not in ("guards_failed", "configs_changed") and m["kind"] != "timings")
 
 
 def _without_entries(source: Path, target: Path) -> Path:
@@ -342,6 +370,8 @@ def _without_entries(source: Path, target: Path) -> Path:
             for table in ("autotune_run_timings", "autotune_runs", "autotune_keys"):
                 repos.session.execute(text(f"DELETE FROM {table}"))
             repos.artifacts.evict(max_bytes=0)  # and its hosts' factors
+            repos.session.execute(text("DELETE FROM best_configs"))
+            repos.key_factors.delete_orphans()
     finally:
         db.close()
     return target
@@ -359,7 +389,8 @@ def test_misses_against_the_shared_tier(run, module_pg_url: str, tmp_path: Path)
     the shared tier each miss names A's nearest key and the factors that differ."""
     report, db = run
     b = _without_entries(db, tmp_path / "b.db")
-    assert all(m["nearest"] is None for m in _misses_json(b) if m["outcome"] != "guards_failed")
+    stored_for_the_key = ("guards_failed", "configs_changed")  # what the miss itself saw stored
+    assert all(m["nearest"] is None for m in _misses_json(b) if m["outcome"] not in stored_for_the_key)
     shared: dict[tuple[str, str], dict] = {}
     for m in _misses_json(b, "--remote", module_pg_url):  # newest first: a key's newest miss
         shared.setdefault((m["kind"], m["key"]), m)
@@ -409,8 +440,8 @@ def test_copy_and_merge_carry_factors(run, pg_url: str, tmp_path: Path) -> None:
     want = _all_factors(str(run[1]))
     assert len(want) == 20
     report = copy_database(run[1], pg_url)
-    # and the factors of the two C++ hosts of its libraries
-    assert report.tables["entry_factors"].added == 22 and report.tables["key_factors"].added > 600
+    # and the factors of the two C++ hosts of its libraries and of its best config
+    assert report.tables["entry_factors"].added == 23 and report.tables["key_factors"].added > 600
     assert _all_factors(pg_url) == want
     back = tmp_path / "back.db"
     copy_database(pg_url, back)
@@ -421,7 +452,7 @@ def test_copy_and_merge_carry_factors(run, pg_url: str, tmp_path: Path) -> None:
         repos.guarded.put("fxgraph", "fown", b"\x80\x04N.", guards_expr=None)
         repos.key_factors.put("fxgraph", "fown", [Factor("gm", "hown", "own code")])
     merged = merge_databases([run[1]], other)
-    assert merged.tables["entry_factors"].added == 22
+    assert merged.tables["entry_factors"].added == 23
     assert _all_factors(str(other)) == {**want, ("fxgraph", "fown"): {"gm": ("hown", "own code")}}
     again = merge_databases([run[1]], other)
     assert (again.tables["entry_factors"].added, again.tables["key_factors"].added) == (0, 0)

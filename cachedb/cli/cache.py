@@ -466,9 +466,11 @@ def recover(damaged: str, new: str, method: str, fmt: str, dry_run: bool) -> Non
 @main.command()
 @click.option("--limit", "-n", type=click.IntRange(min=1), default=20, show_default=True,
               help="How many of the newest misses to show.")
-@click.option("--kind", type=click.Choice(["fxgraph", "aotautograd", "timings", "cpp", "precompile"]), default=None,
-              help="Only misses of this kind (timings: autotune timings lookups that benchmarked; cpp: C++ "
-                   "kernel libraries compiled; precompile: precompiled Dynamo packages not found).")
+@click.option("--kind", type=click.Choice(["fxgraph", "aotautograd", "timings", "best_config", "cpp", "precompile"]),
+              default=None,
+              help="Only misses of this kind (timings: autotune timings lookups that benchmarked; best_config: "
+                   "Triton kernels tuned again; cpp: C++ kernel libraries compiled; precompile: precompiled "
+                   "Dynamo packages not found).")
 @click.option("--remote", metavar="URL", default=None,
               help="Explain the misses against the entries of this database (the shared tier, a SQLAlchemy URL "
                    "or a file) instead of --db's own; read only.")
@@ -481,7 +483,9 @@ def misses(obj: _Context, limit: int, kind: str | None, remote: str | None, fmt:
 
     A live process records each FX graph and AOTAutograd lookup that misses (no entry,
     guards failed, or a bypass), each autotune timings lookup that benchmarks (no_entry,
-    or new_choices: a choice without a timing), each C++ kernel library it compiles and each
+    or new_choices: a choice without a timing), each Triton kernel's best config it lacks
+    (no_entry, or configs_changed: stored for other candidate configs), each C++ kernel
+    library it compiles and each
     precompiled Dynamo package it does not find (no_entry: none stored for this host or
     system; nearest: the one stored for another), the newest CACHEDB_MISS_LOG (1000) per
     database.

@@ -281,3 +281,26 @@ def package_factors(source_id: str, tag: str, system_info: Mapping[str, object] 
     SHA-256 of the function's qualified name and first line) and its system's
     (:func:`package_system_factors`)."""
     return [Factor("source_id", _digest(source_id), _short(source_id)), *package_system_factors(tag, system_info)]
+
+
+# -- best configs ----------------------------------------------------------------------------
+
+#: The miss log's and ``entry_factors``' kind of a best config (``.best_config`` files).
+BEST_CONFIG = "best_config"
+
+
+def best_config_factors(kernel: str, cache_key_tag: str, torch_key_hex: str,
+                        configs_hash: str | None = None) -> list[Factor]:
+    """The factors of a best config lookup (``AutotuneCache.read_best``,
+    torch/_inductor/runtime/autotune_cache.py, torch 2.9 to 2.15). Its key hashes ``kernel``
+    (``os.path.basename`` of the kernel's file: the hash of its source,
+    ``AutotuneCache._prepare_key``), ``cache_key_tag`` (``torch.compiler.config``) and
+    ``torch_key`` (``_make_local_cache_key``: torch's key, hex); a stored config is used only
+    for the same ``configs_hash`` (the hash of the kernel's candidate configs,
+    ``_load_cached_autotuning``), given where known. Hashes: SHA-256 of each value."""
+    out = [Factor("kernel", _digest(kernel), _short(kernel)),
+           Factor("cache_key_tag", _digest(cache_key_tag), _short(cache_key_tag) or "(none)"),
+           Factor("torch_key", torch_key_hex[:HASH_CHARS], f"#{torch_key_hex[:12]}")]
+    if configs_hash is not None:
+        out.append(Factor("configs_hash", _digest(configs_hash), _short(configs_hash)))
+    return out

@@ -85,7 +85,7 @@ from typing import Any
 
 from .._errors import CacheDBError
 from ._autoload import spec_from_others
-from . import _bundled_aot, _choices, _misses, _pgo, _precompile, _scopes
+from . import _best_config_misses, _bundled_aot, _choices, _misses, _pgo, _precompile, _scopes
 from ._cpp_cache import wrap_build, wrap_precompile_header, wrap_worker_compile_cpp
 from ._scopes import route
 from ._store import LazyLocalCache, LiveStore
@@ -453,6 +453,24 @@ def _best_config_seams(store: LiveStore) -> list[_Patch]:
     ]
 
 
+def _best_config_miss_seams(store: LiveStore) -> list[_Patch]:
+    """``AutotuneCache.create``, ``read_best`` and ``save`` (:mod:`cachedb.live._best_config_misses`),
+    where this torch has them with these parameters; else best config misses are not recorded."""
+    try:
+        cls = _require(AUTOTUNE_CACHE, "AutotuneCache")
+        create = _function(cls, "create", ("inductor_meta", "filename", "configs_hash"))
+        read_best = _function(cls, "read_best", ("self", "inductor_meta", "configs"))
+        save = _function(cls, "save", ("self", "config", "time_taken_ns", "found_by_coordesc", "triton_cache_hash"))
+    except SeamMissingError as exc:
+        log.debug("cachedb: best config misses not recorded: %s", exc)
+        return []
+    return [
+        _Patch(cls, "create", staticmethod(_best_config_misses.wrap_create(store, create))),
+        _Patch(cls, "read_best", _best_config_misses.wrap_read_best(store, read_best, best_config_key)),
+        _Patch(cls, "save", _best_config_misses.wrap_save(store, save, best_config_key)),
+    ]
+
+
 class _AfterImport:
     """A one-shot ``sys.meta_path`` finder: runs ``callback(module)`` right after the module
     ``name`` is executed by its own loader (found by the other finders)."""
@@ -738,7 +756,7 @@ def module_patches(name: str, store: LiveStore, *, retune: bool = False) -> list
                 + _aot_miss_seams(store, _require(AOT_CACHE), _require(AOT_CACHE, "AOTAutogradCache"))
                 + [_Patch(owner, attr, new) for owner, attr, new in _bundled_aot.patches()])
     if name == AUTOTUNE_CACHE:
-        return _best_config_seams(store)
+        return _best_config_seams(store) + _best_config_miss_seams(store)
     if name == CPP_BUILDER:
         return _cpp_builder_seam()
     if name == PGO:

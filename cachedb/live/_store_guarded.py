@@ -307,6 +307,22 @@ class GuardedEntries(StoreBase):
             return
         job()
 
+    def put_key_factors(self, kind: str, key: str, factors: list[Factor]) -> None:
+        """Store the factors of ``kind``/``key`` (``entry_factors``) unless that key has some,
+        through the write-behind queue where there is one (after the entry's own write). Never
+        raises (one warning)."""
+        def job() -> None:
+            def write() -> None:
+                with self.db.write() as repos:
+                    repos.key_factors.put(kind, key, factors)
+
+            self.safely("key factors write", None, write)
+
+        writer = self.writer
+        if writer is not None and writer.submit(("factors", kind, key), 64 * len(factors), job):
+            return
+        job()
+
     def _write_guarded(self, kind: str, key: str, content: bytes) -> None:
         """:meth:`guarded_put`'s write: one transaction (on the kept connection once the
         process's fingerprint is recorded, unless the key's factors go with it), then the

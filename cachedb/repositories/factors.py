@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import and_, delete, exists, func, insert, literal, or_, select, tuple_
 
-from ..keys.factors import CPP_HOST, PACKAGE_SYSTEM, Factor
+from ..keys.factors import BEST_CONFIG, CPP_HOST, PACKAGE_SYSTEM, Factor
+from ..store.tables import best_configs as _BC
 from ..store.tables import cache_misses as _M
 from ..store.tables import dynamo_packages as _P
 from ..store.tables import kernel_artifacts as _A
@@ -35,9 +36,13 @@ TIMINGS_OUTCOMES = ("no_entry", "new_choices")
 #: The miss outcome of a C++ kernel library (kind ``cpp``) or a precompiled Dynamo package
 #: (kind ``precompile``): none stored for this host or system.
 KERNEL_OUTCOMES = ("no_entry",)
+#: Miss outcomes of best configs (kind ``best_config``): none stored for the kernel's key, or
+#: one stored for other candidate configs (another ``configs_hash``: torch tunes again).
+BEST_CONFIG_OUTCOMES = ("no_entry", "configs_changed")
 #: The outcomes of each kind logged that has its own (every other kind: :data:`OUTCOMES`):
 #: a C++ library or a precompiled package is stored for this host or system, or not.
-OUTCOMES_OF = {"timings": TIMINGS_OUTCOMES, "cpp": KERNEL_OUTCOMES, "precompile": KERNEL_OUTCOMES}
+OUTCOMES_OF = {"timings": TIMINGS_OUTCOMES, "cpp": KERNEL_OUTCOMES, "precompile": KERNEL_OUTCOMES,
+               "best_config": BEST_CONFIG_OUTCOMES}
 
 #: ``{factor: (hash, value)}``: a key's factors as :mod:`cachedb.keys.factors` compares them.
 Factors = dict[str, tuple[str, str]]
@@ -150,14 +155,16 @@ class KeyFactorRepository:
         """Delete the factors of entry keys (of ``kind``, or of every kind) with no stored
         variant left, those of C++ hosts (kind :data:`~cachedb.keys.factors.CPP_HOST`) with
         no kernel library left and those of package systems (kind
-        :data:`~cachedb.keys.factors.PACKAGE_SYSTEM`) with no precompiled package left; returns how many keys' rows went (prune and clear call it). The
+        :data:`~cachedb.keys.factors.PACKAGE_SYSTEM`) with no precompiled package left (a best
+        config's stay while it is stored); returns how many keys' rows went (prune and clear call it). The
         shared ``key_factors`` rows stay."""
-        entry_gone = and_(_E.c.kind.not_in((CPP_HOST, PACKAGE_SYSTEM)),
+        entry_gone = and_(_E.c.kind.not_in((CPP_HOST, PACKAGE_SYSTEM, BEST_CONFIG)),
                           ~exists().where(and_(_G.c.kind == _E.c.kind, _G.c.key == _E.c.key)))
         host_gone = and_(_E.c.kind == CPP_HOST, ~exists().where(_A.c.host_key == _E.c.key))
         system_gone = and_(_E.c.kind == PACKAGE_SYSTEM,
                            ~exists().where(_P.c.key.like(literal("%.") + _E.c.key)))
-        stmt = delete(_E).where(or_(entry_gone, host_gone, system_gone))
+        config_gone = and_(_E.c.kind == BEST_CONFIG, ~exists().where(_BC.c.key == _E.c.key))
+        stmt = delete(_E).where(or_(entry_gone, host_gone, system_gone, config_gone))
         if kind is not None:
             stmt = stmt.where(_E.c.kind == kind)
         return int(self.session.execute(stmt).rowcount or 0)

@@ -10,12 +10,14 @@ from typing import Any
 from sqlalchemy import select
 
 from ..keys.factors import (
+    BEST_CONFIG,
     CPP_HOST,
     PACKAGE_SYSTEM,
     choice_factor,
     cpp_library_factors,
     differences,
     equal_count,
+    best_config_factors,
     package_factors,
     system_words,
     timing_factors,
@@ -25,6 +27,7 @@ from ..repositories.artifacts import KernelArtifactRepository
 from ..repositories.factors import KeyFactorRepository, MissLogRepository
 from ..repositories.timings import lookup_groups
 from ..keys.dynamo_package import SEPARATOR
+from ..store.tables import best_configs as _BC
 from ..store.tables import dynamo_packages as _P
 from ..store.tables import guarded_entries as _G
 
@@ -73,7 +76,10 @@ def explain(session: Any, *, limit: int = 20, kind: str | None = None, against: 
     differ (compiler version, CPU flags, ...), else the nearest other library. Precompiled
     package misses (kind ``precompile``: ``DiskDynamoCache.load`` found no package of the
     function for this system) likewise: the function's package of another system first, with
-    the ``SystemInfo`` fields that differ (``system.python_version``, ...)."""
+    the ``SystemInfo`` fields that differ (``system.python_version``, ...). Best config misses
+    (kind ``best_config``: ``AutotuneCache.read_best`` gave nothing, the kernel is tuned again)
+    are ``no_entry`` (explained by :func:`_nearest_best_config`) or ``configs_changed`` (the key
+    stored for other candidate configs: ``configs_hash`` differs)."""
     misses = MissLogRepository(session).recent(limit, kind)
     entries = session if against is None else against
     factors = KeyFactorRepository(entries)
@@ -81,6 +87,7 @@ def explain(session: Any, *, limit: int = 20, kind: str | None = None, against: 
     timing_groups: list[tuple[dict[str, Any], str, dict[str, tuple[str, str]]]] | None = None
     cpp_stored: list[tuple[str, str, Any, dict[str, tuple[str, str]]]] | None = None
     packages: list[tuple[str, str, Any, dict[str, tuple[str, str]]]] | None = None
+    best_configs: list[tuple[str, Any, dict[str, tuple[str, str]]]] | None = None
     out = []
     for miss in misses:
         row: dict[str, Any] = {"missed_at": miss["missed_at"], "kind": miss["kind"], "key": miss["key"],
@@ -112,6 +119,16 @@ def explain(session: Any, *, limit: int = 20, kind: str | None = None, against: 
                     **{f.factor: (f.hash, f.value) for f in cpp_library_factors(key, host, None)},
                     **hosts.get(host, {})}) for key, host, at in KernelArtifactRepository(entries).stored_keys(CPP)]
             _nearest_library(row, wanted, miss["key"], miss["missed_at"], cpp_stored, own=against is None)
+        elif miss["kind"] == BEST_CONFIG and miss["outcome"] == "configs_changed" and (
+                against is None or entries.execute(select(_BC.c.id).where(_BC.c.key == miss["key"])).first()):
+            _configs_changed(row, wanted, miss["reason"])
+        elif wanted and miss["kind"] == BEST_CONFIG:
+            if best_configs is None:  # each stored best config's factors and configs_hash
+                kept = factors.of_kind(BEST_CONFIG)
+                best_configs = [(key, at, {**kept[key], **({"configs_hash": _configs_hash_factor(ch)} if ch else {})})
+                                for key, ch, at in entries.execute(select(_BC.c.key, _BC.c.configs_hash,
+                                                                          _BC.c.created_at)) if key in kept]
+            _nearest_best_config(row, wanted, miss["missed_at"], best_configs)
         elif wanted and miss["kind"] == PRECOMPILE:
             if packages is None:  # each stored package's source id and system, with the system's factors
                 systems = factors.of_kind(PACKAGE_SYSTEM)
@@ -163,6 +180,41 @@ def _nearest_timings(row: dict[str, Any], wanted: dict[str, tuple[str, str]], mi
         row["differs"] = [{"factor": d.factor, "stored": d.stored, "wanted": d.wanted}
                           for d in differences(best[2], wanted)
                           if not (d.wanted is None and d.factor.startswith("choice["))]
+
+
+def _configs_hash_factor(configs_hash: str) -> tuple[str, str]:
+    (f,) = [f for f in best_config_factors("", "", "", configs_hash) if f.factor == "configs_hash"]
+    return f.hash, f.value
+
+
+def _configs_changed(row: dict[str, Any], wanted: dict[str, tuple[str, str]], reason: str) -> None:
+    """A best config stored for the key, for other candidate configs: the key itself is the
+    nearest, and ``configs_hash`` differs (the stored one's hash as the miss saw it, in
+    ``reason``: the retune that follows replaces the stored config)."""
+    row["nearest"] = row["key"]
+    stored = reason.rpartition(" ")[2] if reason.startswith("stored for configs_hash ") else None
+    row["differs"] = [{"factor": "configs_hash", "stored": stored,
+                       "wanted": wanted.get("configs_hash", (None, None))[1]}]
+
+
+def _nearest_best_config(row: dict[str, Any], wanted: dict[str, tuple[str, str]], missed_at: Any,
+                         stored: list[tuple[str, Any, dict[str, tuple[str, str]]]]) -> None:
+    """A best config miss with no best config of its key (``no_entry``): the nearest stored
+    before it is one of the same kernel where there is one (another ``torch_key`` or
+    ``cache_key_tag``), else the one whose factors most often equal the wanted ones (``stored``:
+    those with factors; one imported from files has none and is never the nearest)."""
+    kernel = wanted.get("kernel", ("", ""))[0]
+    best: tuple[bool, int, str, dict[str, tuple[str, str]]] | None = None
+    for key, at, theirs in stored:
+        if _naive(at) > _naive(missed_at):
+            continue  # stored after this miss (its own key's, tuned for it, included)
+        cand = (theirs.get("kernel", ("", ""))[0] == kernel, equal_count(theirs, wanted), key, theirs)
+        if best is None or cand[:2] > best[:2] or cand[:2] == best[:2] and key < best[2]:
+            best = cand
+    if best is not None:
+        row["nearest"] = best[2]
+        row["differs"] = [{"factor": d.factor, "stored": d.stored, "wanted": d.wanted}
+                          for d in differences(best[3], wanted)]
 
 
 def _nearest_library(row: dict[str, Any], wanted: dict[str, tuple[str, str]], key: str, missed_at: Any,
