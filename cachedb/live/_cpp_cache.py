@@ -241,7 +241,8 @@ def wrap_build(original: Callable[..., Any]) -> Callable[..., Any]:
             if store.materialize_file(KIND, key, name, directory, host_key=host) and os.path.exists(target):
                 return None
             parts = store.live.safely("C++ host parts", None, cpp_host_parts)
-            store.live.record_miss(KIND, key, "no_entry", cpp_library_factors(key, host, parts))
+            store.live.safely("C++ library miss record", None, lambda: store.live.record_miss(
+                KIND, key, "no_entry", cpp_library_factors(key, host, parts)))
         _build_pending_headers()
         result = original(self)
 
@@ -253,8 +254,8 @@ def wrap_build(original: Callable[..., Any]) -> Callable[..., Any]:
         if data is not None:
             if parts is None:
                 parts = store.live.safely("C++ host parts", None, cpp_host_parts)
-            store.put_files(KIND, key, [(name, data)], host_key=host,
-                            host_factors=cpp_host_factors(host, parts) if parts else ())
+            factors = store.live.safely("C++ host factors", (), lambda: cpp_host_factors(host, parts) if parts else ())
+            store.put_files(KIND, key, [(name, data)], host_key=host, host_factors=factors)
         return result
 
     return build

@@ -164,9 +164,9 @@ def patches(store: LiveStore, package: Any) -> list[tuple[Any, str, Callable[...
         if content is None:
             package.logger.info("No package found for %s", key)
             counters()["dynamo_cache_miss"] += 1
-            info = _system_info(package)
-            served.record_miss("precompile", _system_key(package, key), "no_entry",
-                               package_factors(key, package_system_tag(info), info))
+            served.safely("precompiled package miss record", None, lambda: served.record_miss(
+                "precompile", _system_key(package, key), "no_entry",
+                package_factors(key, package_system_tag(_system_info(package)), _system_info(package))))
             return None
         try:
             entry = pickle.loads(content)
@@ -191,10 +191,10 @@ def patches(store: LiveStore, package: Any) -> list[tuple[Any, str, Callable[...
         if key is None or served is None:
             original_write(self, pickled_content=pickled_content, path=path)
             return
-        info = _system_info(package)
-        tag = package_system_tag(info)
-        served.dynamo_put("precompile", _system_key(package, key), bytes(pickled_content),
-                          factors=(PACKAGE_SYSTEM, tag, package_system_factors(tag, info)))
+        tag = package_system_tag(_system_info(package))
+        factors = served.safely("package system factors", None,
+                                lambda: (PACKAGE_SYSTEM, tag, package_system_factors(tag, _system_info(package))))
+        served.dynamo_put("precompile", _system_key(package, key), bytes(pickled_content), factors=factors)
 
     def clear(self: Any) -> None:
         """``DiskDynamoStore.clear`` (torch/_dynamo/package.py): torch's own, which removes
