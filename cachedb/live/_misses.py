@@ -36,6 +36,7 @@ one warning (:meth:`LiveStore.warn_once`) and never the compile's failure.
 
 from __future__ import annotations
 
+import functools
 import logging
 import pickle
 import re
@@ -59,11 +60,17 @@ AOT_DEBUG_LINES_PARAMETERS = ("pickler", "details", "key")
 #: ``AOTAutogradCache._lookup``'s parameters (torch 2.13).
 AOT_LOOKUP_PARAMETERS = ("key", "local", "remote", "args", "cache_info", "aot_config")
 
-#: ``AOTAutogradCache.try_load``'s parameters (torch 2.13).
-AOT_TRY_LOAD_PARAMETERS = ("mod", "args", "aot_config", "compiler_config_extra", "local", "remote",
-                           "compile_region_name")
-#: ``autograd_cache.autograd_cache_key``'s parameters (torch 2.13).
-AOT_CACHE_KEY_PARAMETERS = ("mod", "example_inputs", "config", "compiler_config_extra")
+#: ``AOTAutogradCache.try_load``'s parameters: torch 2.13, then 2.15 (``act_input_paths``).
+AOT_TRY_LOAD_PARAMETERS = (
+    ("mod", "args", "aot_config", "compiler_config_extra", "local", "remote", "compile_region_name"),
+    ("mod", "args", "aot_config", "compiler_config_extra", "local", "remote", "act_input_paths",
+     "compile_region_name"),
+)
+#: ``autograd_cache.autograd_cache_key``'s parameters: torch 2.13, then 2.15.
+AOT_CACHE_KEY_PARAMETERS = (
+    ("mod", "example_inputs", "config", "compiler_config_extra"),
+    ("mod", "example_inputs", "config", "compiler_config_extra", "act_input_paths"),
+)
 
 #: Per thread: how many ``try_load`` calls are running (a key that fails inside one is a bypass).
 _loading = threading.local()
@@ -179,6 +186,7 @@ def wrap_aot_lookup(store: LiveStore, original: Any) -> Any:
 def wrap_aot_try_load(original: Any) -> Any:
     """``AOTAutogradCache.try_load`` that marks its thread as loading while it runs (for
     :func:`wrap_aot_cache_key`) and returns torch's result unchanged."""
+    @functools.wraps(original)
     def try_load(*args: Any, **kwargs: Any) -> Any:
         _loading.depth = getattr(_loading, "depth", 0) + 1
         try:
@@ -193,9 +201,10 @@ def wrap_aot_cache_key(store: LiveStore, original: Any) -> Any:
     """``autograd_cache.autograd_cache_key`` that records, when it fails inside ``try_load``
     (torch bypasses its cache then), a ``bypass`` in the serving store's miss log with the
     exception's words as the reason; the exception is raised on unchanged."""
-    def autograd_cache_key(mod: Any, example_inputs: Any, config: Any, compiler_config_extra: Any = None) -> Any:
+    @functools.wraps(original)
+    def autograd_cache_key(*args: Any, **kwargs: Any) -> Any:  # torch's parameters, as given
         try:
-            return original(mod, example_inputs, config, compiler_config_extra)
+            return original(*args, **kwargs)
         except Exception as bypass:
             if getattr(_loading, "depth", 0):
                 try:

@@ -155,11 +155,12 @@ def _require(module: str, *attrs: str) -> Any:
     return obj
 
 
-def _function(owner: Any, name: str, params: tuple[str, ...]) -> Any:
+def _function(owner: Any, name: str, params: tuple[str, ...] | tuple[tuple[str, ...], ...]) -> Any:
     """The function ``owner.name`` (that of a static or class method; found on ``owner`` or a
     base class), checked to take exactly the parameters named ``params`` (in order, ``self`` /
-    ``cls`` included). Raises :class:`SeamMissingError` when it is missing or takes others:
-    cachedb never calls, nor stands in for, a function whose signature it does not know."""
+    ``cls`` included), or one of several such tuples (torch releases that differ). Raises
+    :class:`SeamMissingError` when it is missing or takes others: cachedb never calls, nor
+    stands in for, a function whose signature it does not know."""
     where = f"{getattr(owner, '__module__', '?')}.{getattr(owner, '__qualname__', getattr(owner, '__name__', '?'))}"
     if not isinstance(owner, type):
         where = getattr(owner, "__name__", where)
@@ -169,10 +170,11 @@ def _function(owner: Any, name: str, params: tuple[str, ...]) -> Any:
         raise SeamMissingError(f"torch seam missing: {where}.{name}") from None
     fn = raw.__func__ if isinstance(raw, (staticmethod, classmethod)) else raw
     found = _scopes.parameters(fn)
-    if found is None or found != params:
+    known = params if params and isinstance(params[0], tuple) else (params,)
+    if found is None or found not in known:
         raise SeamMissingError(
             f"torch seam changed: {where}.{name} takes ({', '.join(found or ('?',))}), "
-            f"cachedb replaces it taking ({', '.join(params)})"
+            f"cachedb replaces it taking {' or '.join('(' + ', '.join(p) + ')' for p in known)}"  # type: ignore[arg-type]
         )
     return fn
 
