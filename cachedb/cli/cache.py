@@ -485,10 +485,10 @@ def misses(obj: _Context, limit: int, kind: str | None, remote: str | None, fmt:
     guards failed, or a bypass), each autotune timings lookup that benchmarks (no_entry,
     or new_choices: a choice without a timing), each Triton kernel's best config it lacks
     (no_entry, or configs_changed: stored for other candidate configs), each C++ kernel
-    library it compiles and each
-    precompiled Dynamo package it does not find (no_entry: none stored for this host or
-    system; nearest: the one stored for another), the newest CACHEDB_MISS_LOG (1000) per
-    database.
+    library it compiles and each precompiled Dynamo package it does not find (no_entry: none
+    stored for this host or system; nearest: the one stored for another), the newest
+    CACHEDB_MISS_LOG (1000) per database. Triton kernels, PGO profiles and CUTLASS op lists
+    record no misses.
     --format json gives per miss: kind, key, outcome, nearest (a key or null) and differs (a
     list of {factor, stored, wanted}); a guards_failed miss also gives guards, the stored
     guard expressions that failed. With --remote the nearest entry is one of the shared

@@ -302,5 +302,11 @@ def best_config_factors(kernel: str, cache_key_tag: str, torch_key_hex: str,
            Factor("cache_key_tag", _digest(cache_key_tag), _short(cache_key_tag) or "(none)"),
            Factor("torch_key", torch_key_hex[:HASH_CHARS], f"#{torch_key_hex[:12]}")]
     if configs_hash is not None:
-        out.append(Factor("configs_hash", _digest(configs_hash), _short(configs_hash)))
+        out.append(configs_hash_factor(configs_hash))
     return out
+
+
+def configs_hash_factor(configs_hash: str) -> Factor:
+    """The factor ``configs_hash`` of a best config: the hash of its kernel's candidate configs
+    (``AutotuneCache.configs_hash``), as stored in the best config itself."""
+    return Factor("configs_hash", _digest(configs_hash), _short(configs_hash))

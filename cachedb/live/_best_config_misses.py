@@ -22,6 +22,7 @@ A hit costs the ``None`` check alone. Failures are one warning; torch's result i
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -35,9 +36,9 @@ from ._store import LiveStore
 
 log = logging.getLogger("cachedb.live")
 
-#: ``{local cache key: (kernel, cache_key_tag, torch_key hex, configs_hash)}`` of the kernels
-#: this process made an ``AutotuneCache`` for (a few hundred bytes each, one per kernel).
-_LOOKUPS: dict[str, tuple[str, str, str, str]] = {}
+#: ``{local cache key: (kernel, cache_key_tag, torch_key hex)}`` of the kernels this process
+#: made an ``AutotuneCache`` for (a few hundred bytes each, one per kernel).
+_LOOKUPS: dict[str, tuple[str, str, str]] = {}
 _LOCK = threading.Lock()
 
 
@@ -50,6 +51,7 @@ def wrap_create(store: LiveStore, original: Callable[..., Any]) -> Callable[...,
     """``AutotuneCache.create(inductor_meta, filename, configs_hash)``: torch's, then the factors
     of the kernel's key kept for its lookups."""
 
+    @functools.wraps(original)
     def create(inductor_meta: Any, filename: str, configs_hash: str) -> Any:
         cache = original(inductor_meta, filename, configs_hash)
         key = _local_key(cache)
@@ -58,7 +60,7 @@ def wrap_create(store: LiveStore, original: Callable[..., Any]) -> Callable[...,
                 from torch._inductor.codecache import torch_key
                 from torch.compiler import config as cconfig
 
-                parts = (os.path.basename(filename), str(cconfig.cache_key_tag), torch_key().hex(), str(configs_hash))
+                parts = (os.path.basename(filename), str(cconfig.cache_key_tag), torch_key().hex())
                 with _LOCK:
                     _LOOKUPS[key] = parts
 
@@ -72,6 +74,7 @@ def wrap_read_best(store: LiveStore, original: Callable[..., Any], db_key: Calla
     """``AutotuneCache.read_best(self, inductor_meta, configs)``: torch's; a ``None`` is recorded
     as a miss (``db_key``: the database's key of a local cache key)."""
 
+    @functools.wraps(original)
     def read_best(self: Any, inductor_meta: Any, configs: Any) -> Any:
         found = original(self, inductor_meta, configs)
         if found is None:
@@ -88,8 +91,8 @@ def _note_miss(store: LiveStore, cache: Any, db_key: Callable[[str], str]) -> No
         return
     with _LOCK:
         kept = _LOOKUPS.get(key)
-    configs_hash = str(getattr(cache, "configs_hash", "") or (kept[3] if kept else ""))
-    factors = best_config_factors(*kept[:3], configs_hash) if kept else []
+    configs_hash = str(cache.configs_hash)
+    factors = best_config_factors(*kept, configs_hash) if kept else []
     name = db_key(key)
     stored = served.best_config_get(name)
     outcome, reason = "no_entry", ""
@@ -108,6 +111,7 @@ def wrap_save(store: LiveStore, original: Callable[..., Any], db_key: Callable[[
     """``AutotuneCache.save(self, config, time_taken_ns, ...)``: torch's, then the factors of the
     key stored with the best config it wrote."""
 
+    @functools.wraps(original)
     def save(self: Any, *args: Any, **kwargs: Any) -> Any:
         result = original(self, *args, **kwargs)
         key = _local_key(self)
@@ -115,7 +119,7 @@ def wrap_save(store: LiveStore, original: Callable[..., Any], db_key: Callable[[
             kept = _LOOKUPS.get(key) if key is not None else None
         served = route(store)
         if key is not None and kept is not None and served is not None:
-            served.put_key_factors(BEST_CONFIG, db_key(key), best_config_factors(*kept[:3]))
+            served.put_key_factors(BEST_CONFIG, db_key(key), best_config_factors(*kept))
         return result
 
     return save

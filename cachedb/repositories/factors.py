@@ -39,8 +39,7 @@ KERNEL_OUTCOMES = ("no_entry",)
 #: Miss outcomes of best configs (kind ``best_config``): none stored for the kernel's key, or
 #: one stored for other candidate configs (another ``configs_hash``: torch tunes again).
 BEST_CONFIG_OUTCOMES = ("no_entry", "configs_changed")
-#: The outcomes of each kind logged that has its own (every other kind: :data:`OUTCOMES`):
-#: a C++ library or a precompiled package is stored for this host or system, or not.
+#: The outcomes of each kind logged that has its own (every other kind: :data:`OUTCOMES`).
 OUTCOMES_OF = {"timings": TIMINGS_OUTCOMES, "cpp": KERNEL_OUTCOMES, "precompile": KERNEL_OUTCOMES,
                "best_config": BEST_CONFIG_OUTCOMES}
 
@@ -153,11 +152,11 @@ class KeyFactorRepository:
 
     def delete_orphans(self, kind: str | None = None) -> int:
         """Delete the factors of entry keys (of ``kind``, or of every kind) with no stored
-        variant left, those of C++ hosts (kind :data:`~cachedb.keys.factors.CPP_HOST`) with
-        no kernel library left and those of package systems (kind
-        :data:`~cachedb.keys.factors.PACKAGE_SYSTEM`) with no precompiled package left (a best
-        config's stay while it is stored); returns how many keys' rows went (prune and clear call it). The
-        shared ``key_factors`` rows stay."""
+        variant left, of C++ hosts (:data:`~cachedb.keys.factors.CPP_HOST`) with no kernel
+        library left, of package systems (:data:`~cachedb.keys.factors.PACKAGE_SYSTEM`) with no
+        precompiled package left and of best configs no longer stored; returns how many keys'
+        rows went (prune, clear and kernel and package eviction call it). The shared
+        ``key_factors`` rows stay."""
         entry_gone = and_(_E.c.kind.not_in((CPP_HOST, PACKAGE_SYSTEM, BEST_CONFIG)),
                           ~exists().where(and_(_G.c.kind == _E.c.kind, _G.c.key == _E.c.key)))
         host_gone = and_(_E.c.kind == CPP_HOST, ~exists().where(_A.c.host_key == _E.c.key))

@@ -17,7 +17,7 @@ from ..keys.factors import (
     cpp_library_factors,
     differences,
     equal_count,
-    best_config_factors,
+    configs_hash_factor,
     package_factors,
     system_words,
     timing_factors,
@@ -125,9 +125,11 @@ def explain(session: Any, *, limit: int = 20, kind: str | None = None, against: 
         elif wanted and miss["kind"] == BEST_CONFIG:
             if best_configs is None:  # each stored best config's factors and configs_hash
                 kept = factors.of_kind(BEST_CONFIG)
-                best_configs = [(key, at, {**kept[key], **({"configs_hash": _configs_hash_factor(ch)} if ch else {})})
-                                for key, ch, at in entries.execute(select(_BC.c.key, _BC.c.configs_hash,
-                                                                          _BC.c.created_at)) if key in kept]
+                best_configs = []
+                for key, ch, at in entries.execute(select(_BC.c.key, _BC.c.configs_hash, _BC.c.created_at)):
+                    if key in kept:
+                        f = configs_hash_factor(ch) if ch else None
+                        best_configs.append((key, at, {**kept[key], **({f.factor: (f.hash, f.value)} if f else {})}))
             _nearest_best_config(row, wanted, miss["missed_at"], best_configs)
         elif wanted and miss["kind"] == PRECOMPILE:
             if packages is None:  # each stored package's source id and system, with the system's factors
@@ -135,8 +137,8 @@ def explain(session: Any, *, limit: int = 20, kind: str | None = None, against: 
                 packages = []
                 for key, at in entries.execute(select(_P.c.key, _P.c.created_at)):
                     source, _, tag = key.partition(SEPARATOR)
-                    theirs = {f.factor: (f.hash, f.value) for f in package_factors(source, tag, None) if tag or
-                              f.factor == "source_id"}
+                    mine = package_factors(source, tag, None)  # source_id, then system (where tagged)
+                    theirs = {f.factor: (f.hash, f.value) for f in (mine if tag else mine[:1])}
                     packages.append((source, tag, at, {**theirs, **systems.get(tag, {})}))
             _nearest_library(row, wanted, miss["key"].partition(SEPARATOR)[0], miss["missed_at"], packages,
                              own=against is None, host="system")
@@ -180,11 +182,6 @@ def _nearest_timings(row: dict[str, Any], wanted: dict[str, tuple[str, str]], mi
         row["differs"] = [{"factor": d.factor, "stored": d.stored, "wanted": d.wanted}
                           for d in differences(best[2], wanted)
                           if not (d.wanted is None and d.factor.startswith("choice["))]
-
-
-def _configs_hash_factor(configs_hash: str) -> tuple[str, str]:
-    (f,) = [f for f in best_config_factors("", "", "", configs_hash) if f.factor == "configs_hash"]
-    return f.hash, f.value
 
 
 def _configs_changed(row: dict[str, Any], wanted: dict[str, tuple[str, str]], reason: str) -> None:

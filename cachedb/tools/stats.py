@@ -153,8 +153,8 @@ def misses(session: Session) -> dict[tuple[str, str], int]:
     """``{(kind, outcome): lookups}`` of the miss log (``cache_misses``: the newest
     ``CACHEDB_MISS_LOG`` lookups that missed, so these fall as older misses leave it), every
     outcome of :data:`~cachedb.repositories.factors.OUTCOMES` for ``fxgraph`` (the kind
-    logged) and for each kind logged (``timings`` and ``cpp``: theirs, ``OUTCOMES_OF``), 0
-    where none missed so."""
+    logged) and for each kind logged (a kind of ``OUTCOMES_OF``: its own outcomes), 0 where
+    none missed so."""
     m = CacheMiss
     counted = {(str(kind), str(outcome)): int(n) for kind, outcome, n in session.execute(
         select(m.kind, m.outcome, func.count()).group_by(m.kind, m.outcome))}
