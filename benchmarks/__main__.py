@@ -27,11 +27,7 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-# Compile workers: one, in-process (a 2-core machine gains nothing from a pool, and each
-# warm-start subprocess would pay for starting it). Set before torch is imported.
-os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
-
-from . import (  # noqa: E402
+from . import (
     s1_warm_start,
     s2_timings,
     s3_best_configs,
@@ -47,8 +43,8 @@ from . import (  # noqa: E402
     s13_ddp,
     s14_singleflight,
 )
-from ._context import Context  # noqa: E402
-from ._report import (  # noqa: E402
+from ._context import Context
+from ._report import (
     SectionResult,
     cachedb_source_digest,
     load_sections,
@@ -206,6 +202,10 @@ def _run_lanes(args: argparse.Namespace, lanes: list[list[str]], scratch: Path, 
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Compile workers: one, in-process (a 2-core machine gains nothing from a pool, and each
+    # warm-start subprocess would pay for starting it); the sections' processes inherit it.
+    # Set here, not at import, so that importing this module changes no environment.
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     args = parse_args(argv)
     names = [n.strip() for n in args.only.split(",") if n.strip()] or list(ORDER)
     unknown = [n for n in names if n not in SECTIONS]

@@ -326,6 +326,7 @@ def run_workloads(cache_dir: str | Path | None = None) -> dict[str, Any]:
     return {
         "cache_dir": str(root),
         "torch": torch.__version__,
+        "compile_threads": torch._inductor.config.compile_threads,
         "counters": flat,
         "counter_groups": groups,
         "files_written": written_by_kind,

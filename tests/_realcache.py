@@ -83,11 +83,14 @@ def build_live_cache(root: Path) -> tuple[Path, dict, dict]:
     """A database filled by one ``cachedb run`` of examples/build_cache.py (cold, its own cache
     dir and ``TMPDIR``), then a second run on a new, empty cache dir and ``TMPDIR`` (a fresh
     machine, :data:`MACHINES`): ``(db path, cold summary, warm summary)``, each summary with the
-    modules its processes imported. Neither run leaves cache files in its directory."""
+    modules its processes imported. Both runs use two compile threads (the C++ libraries built
+    in Inductor's thread pool, as on any machine of several cores; examples/build_cache.py
+    alone uses one). Neither run leaves cache files in its directory."""
     db = root / "cache.db"
-    cold = cachedb_run(db, root / "cold", root / MACHINES[0], PYTHONPROFILEIMPORTTIME="1")
+    threads = {"TORCHINDUCTOR_COMPILE_THREADS": "2"}
+    cold = cachedb_run(db, root / "cold", root / MACHINES[0], PYTHONPROFILEIMPORTTIME="1", **threads)
     assert leftovers(root / "cold") == []
-    warm = cachedb_run(db, root / "warm", root / MACHINES[1], PYTHONPROFILEIMPORTTIME="1")
+    warm = cachedb_run(db, root / "warm", root / MACHINES[1], PYTHONPROFILEIMPORTTIME="1", **threads)
     assert leftovers(root / "warm") == []
     return db, cold, warm
 
@@ -105,6 +108,14 @@ def build_isa_probes(cache_dir: Path) -> None:
     env["TORCHINDUCTOR_CACHE_DIR"] = str(Path(cache_dir).resolve())
     subprocess.run([sys.executable, "-c", "from torch._inductor import cpu_vec_isa; cpu_vec_isa.pick_vec_isa()"],
                    env=env, check=True, capture_output=True, timeout=TIMEOUT_S)
+
+
+def probe_files() -> set[str]:
+    """Paths, relative to a cache dir, of the files :func:`seeded` copies into it (empty when
+    :data:`ISA_PROBES` is not built)."""
+    if ISA_PROBES is None:
+        return set()
+    return {p.relative_to(ISA_PROBES).as_posix() for p in ISA_PROBES.rglob("*") if p.is_file()}
 
 
 def seeded(cache_dir: Path) -> str:

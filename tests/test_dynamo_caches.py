@@ -28,6 +28,8 @@ from cachedb.store.signing import Signer
 from cachedb.tools.stats import collect
 from cachedb.tools.verify import verify
 
+from ._realcache import seeded
+
 #: Its module fixtures build real caches: one worker builds each once (xdist --dist loadgroup).
 pytestmark = pytest.mark.xdist_group("dynamo_caches")
 
@@ -385,7 +387,9 @@ _WORKLOADS = ("--unpackageable", "--late-class", "--guard-assert")
 def _seed_new(mode: str, cache_dir: Path, args: tuple[str, ...]) -> None:
     """A cache dir or database the child is the first to use starts with :data:`_SEED`'s
     Inductor entries: these tests are about PGO profiles and Dynamo packages, which the seed has
-    none of; the C++ compiles of the FX graphs beneath them (~10 s a process) add nothing."""
+    none of; the C++ compiles of the FX graphs beneath them (~10 s a process) add nothing. A new
+    cache dir served by the database starts with torch's ISA probes (``seeded``), as the
+    seed's directory holds them."""
     import shutil
 
     if _SEED is None:
@@ -393,6 +397,8 @@ def _seed_new(mode: str, cache_dir: Path, args: tuple[str, ...]) -> None:
     if mode == "files" and not cache_dir.exists():
         shutil.copytree(_SEED[0], cache_dir)
     elif mode == "cachedb" and "--db" in args:
+        if not cache_dir.exists():
+            seeded(cache_dir)
         db = Path(args[args.index("--db") + 1])
         if not db.exists():
             shutil.copy(_SEED[1], db)
@@ -636,7 +642,7 @@ def test_cachedb_run_serves_both_with_torch_s_own_switches(tmp_path: Path) -> No
 
     def run(cache_dir: Path) -> dict:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("CACHEDB_", "TORCH_"))}
-        env.update(TORCHINDUCTOR_CACHE_DIR=str(cache_dir), TORCHINDUCTOR_COMPILE_THREADS="1",
+        env.update(TORCHINDUCTOR_CACHE_DIR=seeded(cache_dir), TORCHINDUCTOR_COMPILE_THREADS="1",
                    TORCH_COMPILE_JOB_ID="job1", TORCH_CACHING_PRECOMPILE="1")
         proc = subprocess.run([sys.executable, "-m", "cachedb", "--db", str(db), "run", "--", sys.executable,
                                str(CHILD), "files", "--list-dir"], capture_output=True, text=True, env=env,
@@ -757,6 +763,7 @@ def test_a_package_that_fails_its_system_check_compiles_afresh(fallback_runs: di
     assert len(keys) == 5 and sum("." in k for k in keys) == 2, keys
 
 
+@pytest.mark.slow
 @pytest.mark.slow
 def test_a_package_whose_guards_fail_an_assertion_compiles_without_it(tmp_path: Path) -> None:
     """torch 2.11 fails GPT-2's compile under precompile with an ``AssertionError`` where it
