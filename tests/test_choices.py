@@ -29,6 +29,8 @@ from cachedb.fingerprint import Fingerprint
 from cachedb.layout.importer import Importer
 from cachedb.repositories.choices import describe
 
+from ._realcache import seeded
+
 #: Its module fixtures build real caches: one worker builds each once (xdist --dist loadgroup).
 pytestmark = pytest.mark.xdist_group("choices")
 
@@ -268,7 +270,7 @@ def tuned(real_cache: tuple[Path, dict], tmp_path_factory: pytest.TempPathFactor
     db.close()
     imported = _rows(path, "SELECT choice_hash, choice_name, backend, description FROM autotune_history")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CACHEDB_", "TORCHINDUCTOR_"))}
-    proc = subprocess.run([sys.executable, str(CHILD), str(path), str(root / "inductor")], capture_output=True,
+    proc = subprocess.run([sys.executable, str(CHILD), str(path), seeded(root / "inductor")], capture_output=True,
                           text=True, env=env, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
