@@ -764,7 +764,6 @@ def test_a_package_that_fails_its_system_check_compiles_afresh(fallback_runs: di
 
 
 @pytest.mark.slow
-@pytest.mark.slow
 def test_a_package_whose_guards_fail_an_assertion_compiles_without_it(tmp_path: Path) -> None:
     """torch 2.11 fails GPT-2's compile under precompile with an ``AssertionError`` where it
     builds a frame's guards twice under ``caching_precompile`` (``Guard.set_export_info``),

@@ -17,7 +17,6 @@ from sqlalchemy import text
 from cachedb import CacheDB
 
 from ._realcache import MACHINES
-from ._realcache import cachedb_run as _cachedb_run
 from ._realcache import seeded
 
 torch = pytest.importorskip("torch")
@@ -111,7 +110,7 @@ def test_fresh_machine_builds_no_precompiled_header(warm_db: tuple[Path, dict, d
     its header, and cachedb's alias links to it; the warm run on a fresh machine got every
     library from the database: torch's ``_precompile_header`` never ran (no ``<hash>.h``) and
     only the alias's plain text is there. Both runs' workloads gave the right results
-    (``_cachedb_run`` checks the exit status)."""
+    (``tests._realcache.cachedb_run`` checks the exit status)."""
     root = warm_db[0].parent
     assert _precompiled_headers(root / MACHINES[0]) == ([".gch", ".h"], [".gch", ".h"])
     assert _alias_points_to_torchs_header(root / MACHINES[0])
