@@ -7,6 +7,7 @@ expected keys; it is not a speed judgement.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -61,6 +62,19 @@ def test_quick_benchmark_writes_results(tmp_path: Path) -> None:
     assert "best_configs" in md and "disk" in md
     # Nothing was left in the scratch area: the run removes its own scratch directory.
     assert [p.name for p in tmp_path.iterdir()] == ["results"]
+
+
+def test_importing_the_benchmarks_changes_no_environment() -> None:
+    """``python -m benchmarks`` runs its children with one compile thread, set in ``main()``:
+    a process that imports the package (as these tests do, in a pytest worker whose later
+    tests start children) keeps its environment."""
+    code = ("import os; before = dict(os.environ); import benchmarks.__main__, benchmarks.s13_ddp; "
+            "print(sorted(set(os.environ.items()) ^ set(before.items())))")
+    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_COMPILE_THREADS"}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == "[]"
 
 
 def test_interleaved_runs_each_block_of_an_op_inside_its_scope() -> None:
