@@ -37,7 +37,8 @@ The summary (``--json``: one JSON object on the last stdout line) holds the coun
 ``torch._dynamo.utils.counters["inductor"]`` plus the ``autograd_cache_*`` counters, which
 torch keeps in ``counters["aot_autograd"]`` (flat under ``"counters"``; both whole groups
 under ``"counter_groups"``), the files written per kind (new or changed by this run) and in
-the directory, and timings.
+the directory, timings, and the compile threads the run used (``compile_threads``: one unless
+``TORCHINDUCTOR_COMPILE_THREADS`` says otherwise).
 
 Import this module and call :func:`run_workloads` only in a process that has not imported
 torch yet, or whose ``TORCHINDUCTOR_CACHE_DIR`` already names the target directory.

@@ -217,7 +217,8 @@ def test_load_cache_artifacts_under_cachedb_lands_in_db(cold: tuple[Path, dict],
     cache_dir = tmp_path / "live"
     out = _run(_LIVE, cache_dir, str(db_path), str(blob))
     assert out["loaded"] == summary["artifacts"]
-    assert [p for p in out["after_load"] if p not in probe_files()] == []
+    probes = probe_files()
+    assert [p for p in out["after_load"] if p not in probes] == []
     assert _kind_counts(db_path) == {
         "fxgraph": summary["artifacts"]["inductor"],
         "aotautograd": summary["artifacts"]["aot_autograd"],
